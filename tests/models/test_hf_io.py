@@ -1,0 +1,142 @@
+"""HF checkpoint import/export: round trips, sharded files, and clear errors on bad checkpoints."""
+
+import json
+import shutil
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from flax import nnx
+from transformers import Qwen3ForCausalLM
+
+from tiny_qwen3 import write_tiny_qwen3
+from trace_jax.models import ModelConfig, Policy, from_pretrained, save_pretrained
+
+
+def _params(model) -> dict:
+    return {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def test_export_round_trip_is_bit_exact_and_loads_in_transformers(tiny_qwen3, tmp_path):
+    hf_dir, _ = tiny_qwen3
+    model = from_pretrained(hf_dir)
+    # Give the success head non-trivial values so its file is really exercised.
+    model.success_kernel[...] = jnp.linspace(-1, 1, model.cfg.hidden_size)
+    model.success_bias[...] = jnp.asarray(0.25)
+    out = save_pretrained(model, tmp_path / "export")
+    again = from_pretrained(out)
+    a, b = _params(model), _params(again)
+    assert a.keys() == b.keys()
+    for path in a:
+        np.testing.assert_array_equal(a[path], b[path], err_msg=str(path))
+    ref = Qwen3ForCausalLM.from_pretrained(out).eval()
+    ids = np.random.RandomState(0).randint(0, model.cfg.vocab_size, (2, 10))
+    with torch.no_grad():
+        expected = ref(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_array_equal(np.asarray(model(jnp.asarray(ids)).logits),
+                                  np.asarray(again(jnp.asarray(ids)).logits))
+    assert np.abs(np.asarray(again(jnp.asarray(ids)).logits) - expected).max() <= 1e-4
+
+
+def test_sharded_safetensors_index_loads(tmp_path):
+    ref = write_tiny_qwen3(tmp_path / "sharded", max_shard_size="20KB")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    model = from_pretrained(tmp_path / "sharded")
+    ids = np.arange(12).reshape(2, 6)
+    with torch.no_grad():
+        expected = ref(torch.tensor(ids)).logits.numpy()
+    assert np.abs(np.asarray(model(jnp.asarray(ids)).logits) - expected).max() <= 1e-4
+
+
+def test_plain_hf_checkpoint_gets_a_neutral_success_head(tmp_path):
+    write_tiny_qwen3(tmp_path / "hf")
+    out = from_pretrained(tmp_path / "hf")(jnp.zeros((1, 3), jnp.int32))
+    np.testing.assert_allclose(out.success, 0.5)
+
+
+def test_model_config_round_trips_through_hf_dict():
+    cfg = ModelConfig(vocab_size=11, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2,
+                      num_kv_heads=1, head_dim=8, tie_word_embeddings=True, rope_theta=5e5)
+    assert ModelConfig.from_hf_dict(cfg.to_hf_dict()) == cfg
+
+
+@pytest.fixture
+def good_ckpt(tmp_path):
+    write_tiny_qwen3(tmp_path / "good")
+    return tmp_path / "good"
+
+
+def test_missing_config_is_named(good_ckpt):
+    (good_ckpt / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        from_pretrained(good_ckpt)
+
+
+def test_missing_weights_are_named(good_ckpt):
+    (good_ckpt / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        from_pretrained(good_ckpt)
+
+
+def test_other_architecture_is_rejected(good_ckpt):
+    cfg = json.loads((good_ckpt / "config.json").read_text())
+    cfg["model_type"], cfg["architectures"] = "llama", ["LlamaForCausalLM"]
+    (good_ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="only Qwen3.*llama|llama.*only Qwen3"):
+        from_pretrained(good_ckpt)
+
+
+def test_wrong_shape_names_the_tensor(good_ckpt):
+    cfg = json.loads((good_ckpt / "config.json").read_text())
+    cfg["intermediate_size"] += 8
+    (good_ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"mlp\.(gate|up|down)_proj\.weight.*shape"):
+        from_pretrained(good_ckpt)
+
+
+def test_missing_tensor_is_named(good_ckpt):
+    cfg = json.loads((good_ckpt / "config.json").read_text())
+    cfg["num_hidden_layers"] += 1
+    (good_ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(KeyError, match=r"model\.layers\.2\..*missing"):
+        from_pretrained(good_ckpt)
+
+
+def test_truncated_file_is_named(good_ckpt):
+    path = good_ckpt / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="model.safetensors.*(truncated|corrupt)"):
+        from_pretrained(good_ckpt)
+
+
+def test_missing_shard_is_named(tmp_path):
+    write_tiny_qwen3(tmp_path / "sharded", max_shard_size="20KB")
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    victim = sorted(set(index["weight_map"].values()))[-1]
+    (tmp_path / "sharded" / victim).unlink()
+    with pytest.raises(FileNotFoundError, match=victim):
+        from_pretrained(tmp_path / "sharded")
+
+
+def test_unexpected_tensors_are_reported(good_ckpt, tmp_path):
+    cfg = json.loads((good_ckpt / "config.json").read_text())
+    cfg["tie_word_embeddings"] = True  # the checkpoint still carries lm_head.weight
+    (good_ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        from_pretrained(good_ckpt)
+
+
+def test_random_init_export_loads_in_transformers(tmp_path):
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                      num_kv_heads=2, head_dim=8, tie_word_embeddings=True, rope_theta=1e4)
+    model = Policy(cfg, nnx.Rngs(0))
+    save_pretrained(model, tmp_path / "x")
+    ref = Qwen3ForCausalLM.from_pretrained(tmp_path / "x").eval()
+    ids = np.arange(10).reshape(1, 10)
+    with torch.no_grad():
+        expected = ref(torch.tensor(ids)).logits.numpy()
+    assert np.abs(np.asarray(model(jnp.asarray(ids)).logits) - expected).max() <= 1e-4
+    shutil.rmtree(tmp_path / "x")
+

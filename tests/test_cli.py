@@ -1,0 +1,52 @@
+"""The `trace-jax` command line: help, and export from an orbax checkpoint."""
+
+import subprocess
+import sys
+
+import numpy as np
+import torch
+from flax import nnx
+from transformers import Qwen3ForCausalLM
+
+from trace_jax.checkpoints import load_model, save_model
+from trace_jax.cli import main
+from trace_jax.models import ModelConfig, Policy
+
+CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                  num_kv_heads=1, head_dim=16, rope_theta=1e4)
+
+
+def test_help_lists_subcommands():
+    out = subprocess.run([sys.executable, "-m", "trace_jax.cli", "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    assert "export" in out
+
+
+def test_orbax_checkpoint_round_trip(tmp_path):
+    model = Policy(CFG, nnx.Rngs(3))
+    save_model(tmp_path / "ckpt", 7, model)
+    again = load_model(tmp_path / "ckpt")
+    for (p, a), (_, b) in zip(nnx.to_flat_state(nnx.state(model)), nnx.to_flat_state(nnx.state(again))):
+        np.testing.assert_array_equal(a.get_value(), b.get_value(), err_msg=str(p))
+
+
+def test_export_writes_a_transformers_checkpoint(tmp_path, capsys):
+    model = Policy(CFG, nnx.Rngs(4))
+    save_model(tmp_path / "ckpt", 2, model)
+    assert main(["export", "--checkpoint", str(tmp_path / "ckpt"), "--out", str(tmp_path / "hf")]) == 0
+    assert "exported" in capsys.readouterr().out
+    ref = Qwen3ForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    ids = np.arange(9).reshape(1, 9)
+    with torch.no_grad():
+        expected = ref(torch.tensor(ids)).logits.numpy()
+    assert np.abs(np.asarray(model(ids).logits) - expected).max() <= 1e-4
+    assert (tmp_path / "hf" / "success_head.safetensors").is_file()
+
+
+def test_export_of_a_missing_checkpoint_fails_clearly(tmp_path, capsys):
+    assert main(["export", "--checkpoint", str(tmp_path / "nope"), "--out", str(tmp_path / "hf")]) == 2
+    assert "no checkpoint directory" in capsys.readouterr().err
+    save_model(tmp_path / "ckpt", 1, Policy(CFG, nnx.Rngs(0)))
+    assert main(["export", "--checkpoint", str(tmp_path / "ckpt"), "--step", "5", "--out",
+                 str(tmp_path / "hf")]) == 2
+    assert "available steps: [1]" in capsys.readouterr().err

@@ -1,0 +1,54 @@
+"""Orbax checkpoints of the policy (and its config), readable on any mesh."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from trace_jax.models.config import ModelConfig
+from trace_jax.models.qwen3 import Policy
+
+
+def _manager(directory: str | Path) -> ocp.CheckpointManager:
+    return ocp.CheckpointManager(Path(directory).absolute(), item_names=("model", "model_config"))
+
+
+def save_model(directory: str | Path, step: int, model: Policy) -> None:
+    """Save `model`'s parameters and config as step `step` under `directory`."""
+    with _manager(directory) as mngr:
+        mngr.save(step, args=ocp.args.Composite(
+            model=ocp.args.StandardSave(nnx.to_pure_dict(nnx.state(model, nnx.Param))),
+            model_config=ocp.args.JsonSave(dataclasses.asdict(model.cfg)),
+        ))
+        mngr.wait_until_finished()
+
+
+def load_model(directory: str | Path, step: int | None = None,
+               mesh: jax.sharding.Mesh | None = None) -> Policy:
+    """Restore the policy saved at `step` (default: latest), sharded on `mesh` if given."""
+    from trace_jax import sharding as shd
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no checkpoint directory")
+    with _manager(directory) as mngr:
+        step = mngr.latest_step() if step is None else step
+        if step is None or step not in mngr.all_steps():
+            raise FileNotFoundError(f"{directory}: no checkpoint at step {step}; "
+                                    f"available steps: {list(mngr.all_steps())}")
+        cfg = ModelConfig(**mngr.restore(step, args=ocp.args.Composite(
+            model_config=ocp.args.JsonRestore()))["model_config"])
+        graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Policy(cfg, nnx.Rngs(0))))
+        if mesh is not None:
+            shardings = shd.param_shardings(abstract, mesh)
+            target = jax.tree.map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s),
+                                  nnx.to_pure_dict(abstract), nnx.to_pure_dict(shardings))
+        else:
+            target = nnx.to_pure_dict(abstract)
+        restored = mngr.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(target)))
+    nnx.replace_by_pure_dict(abstract, restored["model"])
+    return nnx.merge(graphdef, abstract)

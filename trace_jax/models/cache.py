@@ -1,0 +1,44 @@
+"""Per-layer KV cache with per-row lengths, laid out so rows can be forked by gather."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from trace_jax.models.config import ModelConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+    """Keys and values of every layer for a batch of rows (slots).
+
+    Row b holds its tokens at cache positions 0 .. lengths[b]-1 (position == RoPE position);
+    everything at or after lengths[b] is stale and masked by causality.
+    """
+
+    k: tuple[jax.Array, ...]  # num_layers x [B, S, kv_heads, head_dim]
+    v: tuple[jax.Array, ...]  # num_layers x [B, S, kv_heads, head_dim]
+    lengths: jax.Array  # [B] int32
+
+    @classmethod
+    def init(cls, cfg: ModelConfig, batch: int, max_len: int) -> "KVCache":
+        """An empty cache for `batch` rows of up to `max_len` positions, in the compute dtype."""
+        shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        zeros = tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers))
+        return cls(k=zeros, v=tuple(jnp.zeros_like(z) for z in zeros),
+                   lengths=jnp.zeros((batch,), jnp.int32))
+
+    @property
+    def max_len(self) -> int:
+        return self.k[0].shape[1]
+
+    def take(self, rows: jax.Array) -> "KVCache":
+        """Row i of the result is row rows[i] of this cache (a fork copies, never recomputes)."""
+        return jax.tree.map(lambda a: jnp.take(a, rows, axis=0), self)
+
+    def with_lengths(self, lengths: jax.Array) -> "KVCache":
+        """Same cache, truncated (logically) to `lengths` [B] positions per row."""
+        return dataclasses.replace(self, lengths=lengths.astype(jnp.int32))

@@ -1,0 +1,133 @@
+"""Qwen3-architecture model configuration, read from and written to HF `config.json`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Hyperparameters of a Qwen3 decoder plus the dtypes we run it in.
+
+    `param_dtype` is the storage dtype of the weights, `dtype` the compute dtype of activations.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    max_position_embeddings: int = 32768
+    param_dtype: str = "float32"
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model config: {name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"model config: num_heads ({self.num_heads}) must be a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads})")
+        for name in ("param_dtype", "dtype"):
+            if getattr(self, name) not in DTYPES:
+                raise ValueError(f"model config: {name}={getattr(self, name)!r} is not one of "
+                                 f"{sorted(DTYPES)}")
+
+    @property
+    def jnp_param_dtype(self) -> Any:
+        return DTYPES[self.param_dtype]
+
+    @property
+    def jnp_dtype(self) -> Any:
+        return DTYPES[self.dtype]
+
+    def with_dtype(self, dtype: str | None) -> "ModelConfig":
+        """A copy whose params and compute both use `dtype` (None keeps the current ones)."""
+        return self if dtype is None else dataclasses.replace(self, param_dtype=dtype, dtype=dtype)
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any], source: str = "config.json") -> "ModelConfig":
+        """Build from an HF Qwen3 config dict; reject what this implementation does not support."""
+        model_type = hf.get("model_type")
+        archs = hf.get("architectures") or []
+        if model_type != "qwen3" or any(a != "Qwen3ForCausalLM" for a in archs):
+            raise ValueError(f"{source}: model_type={model_type!r}, architectures={archs!r}; only Qwen3 "
+                             "(model_type 'qwen3', Qwen3ForCausalLM) checkpoints are supported")
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"{source}: rope type {rope_type!r} is not supported (only 'default')")
+        theta = rope.get("rope_theta", hf.get("rope_theta", 10_000.0))
+        if hf.get("use_sliding_window", False):
+            raise ValueError(f"{source}: use_sliding_window=true is not supported")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"{source}: hidden_act={hf['hidden_act']!r}; only 'silu' is supported")
+        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads")
+        missing = [k for k in required if k not in hf]
+        if missing:
+            raise ValueError(f"{source}: missing required keys {missing}")
+        heads = hf["num_attention_heads"]
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            tie_word_embeddings=hf.get("tie_word_embeddings", False),
+            attention_bias=hf.get("attention_bias", False),
+            max_position_embeddings=hf.get("max_position_embeddings", 32768),
+        )
+
+    @classmethod
+    def from_hf_dir(cls, hf_dir: str | Path) -> "ModelConfig":
+        path = Path(hf_dir) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no config.json; expected an HF checkpoint directory "
+                                    "(config.json + model.safetensors)")
+        try:
+            hf = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from e
+        return cls.from_hf_dict(hf, source=str(path))
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The `config.json` fields transformers' Qwen3Config understands."""
+        return {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+            "max_position_embeddings": self.max_position_embeddings,
+            "hidden_act": "silu",
+            "use_sliding_window": False,
+            "dtype": self.param_dtype,
+        }

@@ -1,0 +1,168 @@
+"""Import and export HF-layout Qwen3 checkpoints (config.json + safetensors) to and from `Policy`.
+
+Import reads one tensor at a time and puts it straight onto its target sharding, so a model never
+sits whole on one host. The success head, which HF does not know, lives in `success_head.safetensors`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import jax
+import numpy as np
+from flax import nnx
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+
+from trace_jax.models.config import ModelConfig
+from trace_jax.models.qwen3 import Policy
+
+SUCCESS_HEAD_FILE = "success_head.safetensors"
+Path_ = tuple[str | int, ...]
+# (our param path, HF tensor name, HF array -> ours, ours -> HF array)
+Entry = tuple[Path_, str, Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
+
+
+def _weight_map(cfg: ModelConfig) -> Iterator[Entry]:
+    """Every parameter of `Policy` with its HF name and layout conversions."""
+    d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    same = lambda a: a  # noqa: E731
+    transpose = lambda a: a.T  # noqa: E731
+    yield ("embed_tokens",), "model.embed_tokens.weight", same, same
+    for i in range(cfg.num_layers):
+        hf, ours = f"model.layers.{i}", ("layers", i)
+        yield ours + ("input_layernorm", "weight"), f"{hf}.input_layernorm.weight", same, same
+        yield ours + ("post_attention_layernorm", "weight"), f"{hf}.post_attention_layernorm.weight", same, same
+        for name, heads in (("q", n), ("k", k), ("v", k)):
+            yield (ours + ("self_attn", f"{name}_proj"), f"{hf}.self_attn.{name}_proj.weight",
+                   lambda a, heads=heads: a.T.reshape(d, heads, h),
+                   lambda a, heads=heads: a.reshape(d, heads * h).T)
+            if cfg.attention_bias:
+                yield (ours + ("self_attn", f"{name}_bias"), f"{hf}.self_attn.{name}_proj.bias",
+                       lambda a, heads=heads: a.reshape(heads, h), lambda a: a.reshape(-1))
+        yield (ours + ("self_attn", "o_proj"), f"{hf}.self_attn.o_proj.weight",
+               lambda a: a.T.reshape(n, h, d), lambda a: a.reshape(n * h, d).T)
+        if cfg.attention_bias:
+            yield ours + ("self_attn", "o_bias"), f"{hf}.self_attn.o_proj.bias", same, same
+        for name in ("q_norm", "k_norm"):
+            yield ours + ("self_attn", name, "weight"), f"{hf}.self_attn.{name}.weight", same, same
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            yield ours + ("mlp", name), f"{hf}.mlp.{name}.weight", transpose, transpose
+    yield ("norm", "weight"), "model.norm.weight", same, same
+    if not cfg.tie_word_embeddings:
+        yield ("lm_head",), "lm_head.weight", transpose, transpose
+
+
+def _success_map() -> Iterator[Entry]:
+    yield ("success_kernel",), "weight", lambda a: a.reshape(-1), lambda a: a.reshape(1, -1)
+    yield ("success_bias",), "bias", lambda a: a.reshape(()), lambda a: a.reshape(1)
+
+
+def _weight_files(hf_dir: Path) -> dict[str, Path]:
+    """HF tensor name -> file holding it, from a single file or a sharded index."""
+    index = hf_dir / "model.safetensors.index.json"
+    single = hf_dir / "model.safetensors"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise ValueError(f"{index}: not a valid safetensors index (needs a 'weight_map'): {e}") from e
+        return {name: hf_dir / fname for name, fname in weight_map.items()}
+    if single.is_file():
+        return {name: single for name in _open(single).keys()}
+    raise FileNotFoundError(f"{hf_dir}: no model.safetensors or model.safetensors.index.json; "
+                            "expected HF safetensors weights beside config.json")
+
+
+def _open(path: Path):
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: weight file listed in the index is missing")
+    try:
+        return safe_open(str(path), framework="numpy")
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{path}: unreadable safetensors file (truncated or corrupt?): {e}") from e
+
+
+def _read(handles: dict[Path, object], path: Path, name: str) -> np.ndarray:
+    if path not in handles:
+        handles[path] = _open(path)
+    try:
+        return handles[path].get_tensor(name)
+    except (SafetensorError, OSError) as e:
+        raise ValueError(f"{path}: cannot read tensor {name!r} (truncated or corrupt file?): {e}") from e
+
+
+def _load_into(flat_abstract: dict, entries: list[Entry], files: dict[str, Path],
+               flat_shardings: dict, source: str) -> dict:
+    """Read, convert, check and place each tensor; returns {our path: jax.Array}."""
+    unexpected = sorted(set(files) - {hf_name for _, hf_name, _, _ in entries})
+    if unexpected:
+        raise ValueError(f"{source}: unexpected tensors for this Qwen3 config: {unexpected[:5]}"
+                         f"{' ...' if len(unexpected) > 5 else ''} (does config.json match the weights?)")
+    handles: dict[Path, object] = {}
+    out = {}
+    for ours, hf_name, to_ours, _ in entries:
+        if hf_name not in files:
+            raise KeyError(f"{source}: tensor {hf_name!r} is missing from the checkpoint")
+        target = flat_abstract[ours].get_value()
+        raw = _read(handles, files[hf_name], hf_name)
+        try:
+            value = to_ours(raw)
+        except ValueError as e:
+            raise ValueError(f"{files[hf_name]}: tensor {hf_name!r} has shape {raw.shape}, which does "
+                             f"not fit the config (expected {target.shape} in our layout)") from e
+        if value.shape != target.shape:
+            raise ValueError(f"{files[hf_name]}: tensor {hf_name!r} has shape {raw.shape}; config.json "
+                             f"implies {target.shape} (our layout), got {value.shape}")
+        value = value.astype(target.dtype)
+        out[ours] = jax.device_put(value, flat_shardings.get(ours))
+    return out
+
+
+def from_pretrained(hf_dir: str | Path, *, dtype: str | None = None, mesh: jax.sharding.Mesh | None = None,
+                    rules=None) -> Policy:
+    """Load a local HF Qwen3 checkpoint directory into a `Policy`.
+
+    dtype: "float32" | "bfloat16" for params and compute (default: float32).
+    mesh: if given, each tensor is placed on its NamedSharding from `trace_jax.sharding`.
+    """
+    from trace_jax import sharding as shd
+
+    hf_dir = Path(hf_dir)
+    cfg = ModelConfig.from_hf_dir(hf_dir).with_dtype(dtype)
+    abstract_model = nnx.eval_shape(lambda: Policy(cfg, nnx.Rngs(0)))
+    graphdef, abstract = nnx.split(abstract_model)
+    flat_abstract = dict(nnx.to_flat_state(abstract))
+    flat_shardings = {} if mesh is None else {
+        path: var.get_value() for path, var in nnx.to_flat_state(shd.param_shardings(abstract, mesh, rules))}
+    loaded = _load_into(flat_abstract, list(_weight_map(cfg)), _weight_files(hf_dir), flat_shardings,
+                        str(hf_dir))
+    head = hf_dir / SUCCESS_HEAD_FILE
+    if head.exists():
+        loaded |= _load_into(flat_abstract, list(_success_map()), {n: head for n in ("weight", "bias")},
+                             flat_shardings, str(head))
+    else:  # a plain HF checkpoint: start the success head at zero (V~ = 0.5)
+        for ours, *_ in _success_map():
+            target = flat_abstract[ours].get_value()
+            loaded[ours] = jax.device_put(np.zeros(target.shape, target.dtype), flat_shardings.get(ours))
+    state = nnx.from_flat_state([(path, var.replace(loaded[path])) for path, var in flat_abstract.items()])
+    return nnx.merge(graphdef, state)
+
+
+def save_pretrained(model: Policy, out_dir: str | Path) -> Path:
+    """Write `model` as an HF Qwen3 checkpoint that transformers loads; returns `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = model.cfg
+    flat = {path: var.get_value() for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+    def collect(entries: Iterator[Entry]) -> dict[str, np.ndarray]:
+        return {hf: np.ascontiguousarray(to_hf(np.asarray(jax.device_get(flat[ours]))))
+                for ours, hf, _, to_hf in entries}
+
+    save_file(collect(_weight_map(cfg)), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_file(collect(_success_map()), str(out_dir / SUCCESS_HEAD_FILE))
+    (out_dir / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
+    return out_dir

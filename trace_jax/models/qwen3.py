@@ -1,0 +1,176 @@
+"""Qwen3-architecture decoder in Flax NNX with a scalar success head on the same backbone.
+
+Parameters carry logical axis names in their `axes` metadata; `trace_jax.sharding` maps them to
+mesh axes. Layouts (ours, HF's are transposed in `hf_io`):
+  embed [V, D], q [D, N, H], k/v [D, K, H], o [N, H, D], gate/up [D, F], down [F, D], lm_head [D, V].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from trace_jax.models.cache import KVCache
+from trace_jax.models.config import ModelConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ModelOutput:
+    logits: jax.Array  # [B, T, V] float32
+    hidden: jax.Array  # [B, T, D] final normed hidden state, compute dtype
+    success: jax.Array  # [B, T] float32, sigmoid of the success head
+    cache: KVCache | None
+
+
+def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], dtype,
+           std: float = 0.02) -> nnx.Param:
+    return nnx.Param(std * jax.random.normal(rngs.params(), shape, dtype), axes=axes)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, dtype) -> None:
+        self.weight = nnx.Param(jnp.ones((dim,), dtype), axes=("norm",))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...].astype(x.dtype) * y.astype(x.dtype)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary embedding (HF rotate-half convention). x [B, T, n, H], positions [B, T]."""
+    head_dim = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, H]
+    cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+        d, n, k, h, pd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.jnp_param_dtype
+        self.q_proj = _param(rngs, (d, n, h), ("embed", "q_heads", "head_dim"), pd)
+        self.k_proj = _param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), pd)
+        self.v_proj = _param(rngs, (d, k, h), ("embed", "kv_heads", "head_dim"), pd)
+        self.o_proj = _param(rngs, (n, h, d), ("q_heads", "head_dim", "embed"), pd)
+        if cfg.attention_bias:
+            self.q_bias = nnx.Param(jnp.zeros((n, h), pd), axes=("q_heads", "head_dim"))
+            self.k_bias = nnx.Param(jnp.zeros((k, h), pd), axes=("kv_heads", "head_dim"))
+            self.v_bias = nnx.Param(jnp.zeros((k, h), pd), axes=("kv_heads", "head_dim"))
+            self.o_bias = nnx.Param(jnp.zeros((d,), pd), axes=("embed",))
+        self.q_norm = RMSNorm(h, cfg.rms_norm_eps, pd)
+        self.k_norm = RMSNorm(h, cfg.rms_norm_eps, pd)
+        self.cfg = cfg
+
+    def _project(self, x: jax.Array, name: str) -> jax.Array:
+        y = jnp.einsum("btd,dnh->btnh", x, getattr(self, f"{name}_proj")[...].astype(x.dtype))
+        if self.cfg.attention_bias:
+            y = y + getattr(self, f"{name}_bias")[...].astype(x.dtype)
+        return y
+
+    def __call__(self, x: jax.Array, positions: jax.Array, layer_kv: tuple[jax.Array, jax.Array] | None,
+                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+        """x [B, T, D], positions [B, T]; layer_kv: this layer's cache ([B, S, K, H] each) or None."""
+        cfg = self.cfg
+        q = rope(self.q_norm(self._project(x, "q")), positions, cfg.rope_theta)  # [B, T, N, H]
+        k = rope(self.k_norm(self._project(x, "k")), positions, cfg.rope_theta)  # [B, T, K, H]
+        v = self._project(x, "v")
+        if layer_kv is None:
+            keys, values, key_pos = k, v, positions
+        else:
+            rows = jnp.arange(x.shape[0])[:, None]
+            keys = layer_kv[0].at[rows, positions].set(k, mode="drop")
+            values = layer_kv[1].at[rows, positions].set(v, mode="drop")
+            key_pos = jnp.broadcast_to(jnp.arange(keys.shape[1]), keys.shape[:2])
+        b, t, n, h = q.shape
+        groups = n // cfg.num_kv_heads
+        qg = q.reshape(b, t, cfg.num_kv_heads, groups, h)
+        scores = jnp.einsum("btkgh,bskh->bkgts", qg, keys).astype(jnp.float32) * (h ** -0.5)
+        causal = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S]
+        scores = jnp.where(causal[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+        out = jnp.einsum("bkgts,bskh->btkgh", probs, values).reshape(b, t, n, h)
+        y = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(x.dtype))
+        if cfg.attention_bias:
+            y = y + self.o_bias[...].astype(x.dtype)
+        return y, (None if layer_kv is None else (keys, values))
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+        d, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.jnp_param_dtype
+        self.gate_proj = _param(rngs, (d, f), ("embed", "mlp"), pd)
+        self.up_proj = _param(rngs, (d, f), ("embed", "mlp"), pd)
+        self.down_proj = _param(rngs, (f, d), ("mlp", "embed"), pd)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        gate = x @ self.gate_proj[...].astype(x.dtype)
+        up = x @ self.up_proj[...].astype(x.dtype)
+        return (jax.nn.silu(gate) * up) @ self.down_proj[...].astype(x.dtype)
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.jnp_param_dtype)
+        self.self_attn = Attention(cfg, rngs)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.jnp_param_dtype)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x, positions, layer_kv):
+        attn, layer_kv = self.self_attn(self.input_layernorm(x), positions, layer_kv)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), layer_kv
+
+
+class Policy(nnx.Module):
+    """The Qwen3 decoder (policy) and the success predictor V~(H), sharing one backbone."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+        pd = cfg.jnp_param_dtype
+        self.cfg = cfg
+        self.embed_tokens = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
+        self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
+        # The success head starts at zero: V~ = 0.5 everywhere until trained.
+        self.success_kernel = nnx.Param(jnp.zeros((cfg.hidden_size,), jnp.float32), axes=("embed",))
+        self.success_bias = nnx.Param(jnp.zeros((), jnp.float32), axes=())
+
+    def __call__(self, input_ids: jax.Array, *, cache: KVCache | None = None,
+                 num_valid: jax.Array | None = None) -> ModelOutput:
+        """Forward `input_ids` [B, T].
+
+        Without a cache: a causal pass over positions 0..T-1 (pads at the end are harmless).
+        With a cache: row b's tokens go to positions cache.lengths[b] + t; `num_valid` [B] (default
+        T) of them are real and the returned cache's lengths advance by that much.
+        """
+        b, t = input_ids.shape
+        cfg = self.cfg
+        start = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
+        positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
+        x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(cfg.jnp_dtype)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            layer_kv = None if cache is None else (cache.k[i], cache.v[i])
+            x, layer_kv = layer(x, positions, layer_kv)
+            if layer_kv is not None:
+                new_k.append(layer_kv[0])
+                new_v.append(layer_kv[1])
+        hidden = self.norm(x)
+        head = (self.embed_tokens[...].T if cfg.tie_word_embeddings else self.lm_head[...])
+        logits = (hidden @ head.astype(hidden.dtype)).astype(jnp.float32)
+        success = jax.nn.sigmoid(hidden.astype(jnp.float32) @ self.success_kernel[...]
+                                 + self.success_bias[...])
+        new_cache = None
+        if cache is not None:
+            valid = jnp.full((b,), t, jnp.int32) if num_valid is None else num_valid.astype(jnp.int32)
+            new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), lengths=start + valid)
+        return ModelOutput(logits=logits, hidden=hidden, success=success, cache=new_cache)

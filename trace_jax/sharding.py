@@ -1,0 +1,122 @@
+"""Device mesh, logical-axis rules, and the shardings of parameters, KV caches and batches.
+
+Parameters name their logical axes in `axes` metadata (see `models/qwen3.py`); `RULES` maps each
+logical axis to mesh axes. A mesh axis that does not divide a dimension is dropped for that
+dimension (e.g. one KV head on a tensor axis of 2 stays replicated), so any config shards.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from trace_jax.config import MeshConfig
+from trace_jax.models.cache import KVCache
+from trace_jax.models.config import ModelConfig
+from trace_jax.models.qwen3 import ModelOutput, Policy
+
+AXES = ("data", "fsdp", "tensor")
+Rules = dict[str, tuple[str, ...]]
+
+RULES: Rules = {
+    # parameters
+    "vocab": ("tensor",),
+    "embed": ("fsdp",),
+    "q_heads": ("tensor",),
+    "kv_heads": ("tensor",),
+    "mlp": ("tensor",),
+    "head_dim": (),
+    "norm": (),
+    # activations and caches
+    "batch": ("data", "fsdp"),
+    "seq": (),
+    "cache_seq": (),
+}
+
+
+def make_mesh(cfg: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] | None = None) -> Mesh:
+    """A (data, fsdp, tensor) mesh with classic GSPMD (Auto) axes over `devices` (default: all)."""
+    devices = list(jax.devices()) if devices is None else list(devices)
+    shape = cfg.resolve(len(devices))
+    return Mesh(np.asarray(devices).reshape(shape), AXES, axis_types=(AxisType.Auto,) * len(AXES))
+
+
+def logical_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
+                 rules: Rules | None = None) -> PartitionSpec:
+    """PartitionSpec for an array of `shape` whose dimensions have logical names `axes`."""
+    rules = RULES if rules is None else rules
+    if len(axes) != len(shape):
+        raise ValueError(f"logical axes {tuple(axes)} do not match shape {tuple(shape)}")
+    used: set[str] = set()
+    spec = []
+    for name, dim in zip(axes, shape):
+        if name is not None and name not in rules:
+            raise KeyError(f"logical axis {name!r} has no sharding rule; known: {sorted(rules)}")
+        mesh_axes = []
+        size = 1
+        for ax in rules.get(name, ()) if name is not None else ():
+            n = mesh.shape[ax]
+            if n > 1 and ax not in used and dim % (size * n) == 0:
+                mesh_axes.append(ax)
+                size *= n
+        used.update(mesh_axes)
+        spec.append(tuple(mesh_axes) if len(mesh_axes) > 1 else (mesh_axes[0] if mesh_axes else None))
+    return PartitionSpec(*spec)
+
+
+def param_shardings(state: nnx.State, mesh: Mesh, rules: Rules | None = None) -> nnx.State:
+    """A state of NamedShardings mirroring `state` (abstract or concrete), from each param's axes."""
+    def one(var: nnx.Variable) -> nnx.Variable:
+        value = var.get_value()
+        axes = var.get_metadata().get("axes")
+        if axes is None:
+            axes = (None,) * len(value.shape)
+        return var.replace(NamedSharding(mesh, logical_spec(axes, value.shape, mesh, rules)))
+
+    return jax.tree.map(one, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def cache_shardings(cache: KVCache, mesh: Mesh, rules: Rules | None = None) -> KVCache:
+    """Rows over (data, fsdp), KV heads over tensor; lengths follow the rows."""
+    kv = NamedSharding(mesh, logical_spec(("batch", "cache_seq", "kv_heads", "head_dim"),
+                                          cache.k[0].shape, mesh, rules))
+    rows = NamedSharding(mesh, logical_spec(("batch",), cache.lengths.shape, mesh, rules))
+    return KVCache(k=tuple(kv for _ in cache.k), v=tuple(kv for _ in cache.v), lengths=rows)
+
+
+def batch_sharding(shape: Sequence[int], mesh: Mesh, rules: Rules | None = None) -> NamedSharding:
+    """Leading dimension over the batch axes, the rest replicated."""
+    axes = ("batch",) + (None,) * (len(shape) - 1)
+    return NamedSharding(mesh, logical_spec(axes, shape, mesh, rules))
+
+
+def init_policy(cfg: ModelConfig, seed: int, mesh: Mesh | None = None, rules: Rules | None = None) -> Policy:
+    """A randomly initialised policy whose parameters are created directly on their shardings."""
+    if mesh is None:
+        return Policy(cfg, nnx.Rngs(seed))
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Policy(cfg, nnx.Rngs(seed))))
+    shardings = param_shardings(abstract, mesh, rules)
+    state = jax.jit(lambda: nnx.split(Policy(cfg, nnx.Rngs(seed)))[1], out_shardings=shardings)()
+    return nnx.merge(graphdef, state)
+
+
+def sharded_forward(model: Policy, mesh: Mesh, batch_shape: tuple[int, int], rules: Rules | None = None):
+    """(state, fn) where fn(state, input_ids [B, T]) -> ModelOutput is jitted with explicit
+    in/out shardings: params on their rules, batch rows over (data, fsdp)."""
+    graphdef, state = nnx.split(model)
+    b, t = batch_shape
+    rows = lambda *shape: batch_sharding(shape, mesh, rules)  # noqa: E731
+    out_shardings = ModelOutput(logits=rows(b, t, model.cfg.vocab_size), hidden=rows(b, t, model.cfg.hidden_size),
+                                success=rows(b, t), cache=None)
+
+    @functools.partial(jax.jit, in_shardings=(param_shardings(state, mesh, rules), rows(b, t)),
+                       out_shardings=out_shardings)
+    def forward(state, input_ids):
+        return nnx.merge(graphdef, state)(input_ids)
+
+    return state, forward
