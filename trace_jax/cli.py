@@ -18,6 +18,31 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sft(args: argparse.Namespace) -> int:
+    from trace_jax.config import SFTConfig, load_config
+    from trace_jax.sft import run_sft
+
+    run_sft(load_config(SFTConfig, args.config, args.overrides))
+    return 0
+
+
+def _data_build(args: argparse.Namespace) -> int:
+    from trace_jax.config import SFTConfig, load_config
+    from trace_jax.data.hopworld_tfds import build_dataset
+
+    cfg = load_config(SFTConfig, args.config, args.overrides)
+    path = build_dataset(args.data_dir or cfg.data_dir, cfg.world)
+    print(f"HopWorld dataset (world seed {cfg.world.seed}) built at {path}")
+    return 0
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None,
+                        help="YAML config (default: the built-in defaults, as in configs/)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides, e.g. steps=100 world.seed=1")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trace-jax",
@@ -30,6 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--step", type=int, default=None, help="step to export (default: latest)")
     export.add_argument("--out", required=True, help="output directory for the HF checkpoint")
     export.set_defaults(func=_export)
+
+    sft = sub.add_parser("sft", help="train the HopWorld base policy on expert episodes",
+                         description="Supervised warm-up of the HopWorld policy; saves an orbax "
+                                     "checkpoint and prints test success per hop count.")
+    _add_config_args(sft)
+    sft.set_defaults(func=_sft)
+
+    data = sub.add_parser("data", help="dataset commands").add_subparsers(dest="data_command",
+                                                                        metavar="ACTION", required=True)
+    build = data.add_parser("build", help="build the HopWorld TFDS dataset (array_record)")
+    _add_config_args(build)
+    build.add_argument("--data-dir", default=None, help="TFDS data dir (default: the config's data_dir)")
+    build.set_defaults(func=_data_build)
     return parser
 
 

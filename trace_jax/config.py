@@ -3,6 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from trace_jax.envs.hopworld.config import HopWorldConfig
+from trace_jax.models.config import ModelConfig
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,3 +48,154 @@ class MeshConfig:
             raise ValueError(f"mesh data*fsdp*tensor = {known} but {num_devices} devices are "
                              "available; set one axis to -1 to fill")
         return tuple(sizes)  # type: ignore[return-value]
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any] | None, where: str = "") -> T:
+    """Build dataclass `cls` from a (nested) mapping; unknown keys and wrong types fail by name."""
+    data = {} if data is None else data
+    if not isinstance(data, Mapping):
+        raise ValueError(f"config {where or '<root>'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown config key '{where}{unknown[0]}'; allowed keys"
+                         f"{' under ' + where.rstrip('.') if where else ''}: {sorted(fields)}")
+    kwargs = {}
+    for name, value in data.items():
+        kind = hints[name]
+        key = f"{where}{name}"
+        if dataclasses.is_dataclass(kind):
+            default = _default(fields[name])
+            base = {} if default is None else dataclasses.asdict(default)
+            if not isinstance(value, Mapping):
+                raise ValueError(f"config {key}: expected a mapping, got {value!r}")
+            kwargs[name] = from_dict(kind, _merge(base, value), where=f"{key}.")
+        else:
+            kwargs[name] = _coerce(kind, value, key)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a required field is missing
+        raise ValueError(f"config {where or '<root>'}: {e}") from e
+
+
+def _default(field: dataclasses.Field) -> Any:
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None
+
+
+def _coerce(kind: Any, value: Any, key: str) -> Any:
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        try:  # YAML 1.1 reads "1e-4" (no dot) as a string
+            return float(value) if isinstance(value, str) else _fail(kind, value, key)
+        except ValueError:
+            pass
+    elif kind is str:
+        if isinstance(value, str):
+            return value
+    elif typing.get_origin(kind) is tuple:
+        if isinstance(value, (list, tuple)):
+            return tuple(value)
+    else:
+        return value
+    return _fail(kind, value, key)
+
+
+def _fail(kind: Any, value: Any, key: str) -> typing.NoReturn:
+    raise ValueError(f"config key {key!r}: expected {getattr(kind, '__name__', kind)}, got {value!r}")
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """['a.b=1', 'c=x'] -> {'a': {'b': 1}, 'c': 'x'} (values parsed as YAML scalars)."""
+    out: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} is not of the form key=value (e.g. train.steps=10)")
+        key, raw = item.split("=", 1)
+        node = out
+        *parents, leaf = key.strip().split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(raw)
+    return out
+
+
+def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for k, v in extra.items():
+        merged[k] = _merge(merged[k], v) if isinstance(v, Mapping) and isinstance(merged.get(k), dict) else v
+    return merged
+
+
+def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+    """`cls` from its defaults, then the YAML file at `path`, then key=value `overrides`."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: invalid YAML: {e}") from e
+    return from_dict(cls, _merge(data, parse_overrides(overrides)))
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A dataclass config as plain nested dicts (for YAML/JSON dumps)."""
+    return dataclasses.asdict(cfg)
+
+
+def _hopworld_policy() -> ModelConfig:
+    """The HopWorld-sized policy: ~0.8M parameters, a CPU trains it in minutes."""
+    from trace_jax.envs.hopworld.vocab import VOCAB_SIZE
+
+    return ModelConfig(vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=384, num_layers=4,
+                       num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=10_000.0,
+                       max_position_embeddings=512, tie_word_embeddings=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm-up of the HopWorld policy on scripted expert episodes."""
+
+    world: HopWorldConfig = HopWorldConfig()
+    model: ModelConfig = dataclasses.field(default_factory=_hopworld_policy)
+    out_dir: str = "runs/hopworld_sft"  # checkpoints/, tokenizer/, metrics.json, config.yaml
+    data_dir: str = "artifacts/tfds"  # TFDS data dir; the HopWorld dataset is built here if missing
+    seed: int = 0
+    steps: int = 300
+    batch_size: int = 32
+    learning_rate: float = 2e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.01
+    episodes: int = 4000  # expert episodes drawn from the train split (cycled over questions)
+    mistake_prob: float = 0.3  # sloppy search then recovery, per hop
+    wrong_answer_prob: float = 0.05  # confident wrong answer, no recovery
+    eval_batch: int = 128  # slots per evaluation rollout
+    eval_temperature: float = 1.0
+    log_every: int = 25
+
+    def __post_init__(self) -> None:
+        positive = ("steps", "batch_size", "episodes", "eval_batch", "log_every")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"sft.{name} must be positive, got {getattr(self, name)}")
+        for name in ("mistake_prob", "wrong_answer_prob"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"sft.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.learning_rate <= 0:
+            raise ValueError(f"sft.learning_rate must be positive, got {self.learning_rate}")
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(f"sft.warmup_steps must be in [0, steps={self.steps}), got {self.warmup_steps}")

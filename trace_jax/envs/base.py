@@ -1,0 +1,28 @@
+"""The environment interface the rollout engine drives (batched over slots, static shapes)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+
+
+class JaxEnv(Protocol):
+    """A JAX-native multi-turn environment, batched over S slots and traceable inside `jit`.
+
+    Episodes follow the prompt -> (action, observation)* -> terminal reward protocol. Any action,
+    however malformed, must yield a (possibly corrective) observation, never an error.
+    """
+
+    max_turns: int  # T: turns before an episode is cut off
+    action_len: int  # A: policy tokens per turn at most
+    obs_len: int  # O: observation tokens per turn at most
+    stop_ids: tuple[int, ...]  # token ids that end a policy turn
+
+    def reset(self, question_id: jax.Array) -> Any:
+        """Per-slot env state for question ids [S]."""
+
+    def step(self, state: Any, action: jax.Array, action_len: jax.Array
+             ) -> tuple[Any, jax.Array, jax.Array, jax.Array, jax.Array]:
+        """(state, action [S, A], action_len [S]) -> (state, obs [S, O], obs_len [S], reward [S],
+        done [S])."""

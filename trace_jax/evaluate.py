@@ -1,0 +1,46 @@
+"""Evaluation harness: sampled success of the policy on a split, overall and per hop count."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from trace_jax.envs.hopworld import protocol
+from trace_jax.envs.hopworld.env import HopWorldEnv
+from trace_jax.models.qwen3 import Policy
+from trace_jax.rollout.engine import SamplingConfig, rollout_prompts
+
+
+def prompts(env: HopWorldEnv, question_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded chat prompts [N, P] and their lengths [N] for HopWorld questions."""
+    ids = np.full((len(question_ids), env.cfg.prompt_len), protocol.PAD, np.int32)
+    lens = np.zeros(len(question_ids), np.int32)
+    for row, q in enumerate(question_ids):
+        p = protocol.prompt_ids(env.world.question_ids(int(q)))
+        ids[row, : len(p)], lens[row] = p, len(p)
+    return ids, lens
+
+
+def hop_success(model: Policy, env: HopWorldEnv, question_ids: Sequence[int], batch: int,
+                key: jax.Array, sampling: SamplingConfig, progress: bool = True) -> dict[str, float]:
+    """One sampled episode per question; returns {'success': mean, 'success_hop{h}': mean, ...}."""
+    question_ids = np.asarray(question_ids, np.int32)
+    ids, lens = prompts(env, question_ids)
+    rewards = []
+    for i, lo in enumerate(tqdm(range(0, len(question_ids), batch), desc="eval", leave=False,
+                                disable=not progress)):
+        n = min(batch, len(question_ids) - lo)
+        pad = batch - n  # fixed slot count: one compilation; padded slots repeat row 0, ignored
+        rows = np.concatenate([np.arange(lo, lo + n), np.full(pad, lo)])
+        tree = rollout_prompts(model, env, ids[rows], lens[rows], question_ids[rows],
+                               jax.random.fold_in(key, i), sampling, protocol.PAD)
+        rewards.append(np.asarray(tree.reward)[:n])
+    rewards = np.concatenate(rewards)
+    hops = np.asarray(env.world.hops)[question_ids]
+    out = {"success": float(rewards.mean())}
+    for h in sorted(set(hops.tolist())):
+        out[f"success_hop{h}"] = float(rewards[hops == h].mean())
+    return out

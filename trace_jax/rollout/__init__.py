@@ -1,0 +1,1 @@
+"""Rollout engine: slot arrays, token sampling, and the jitted multi-turn episode loop."""
