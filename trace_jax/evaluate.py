@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
 from trace_jax.envs.hopworld import protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.models.qwen3 import Policy
-from trace_jax.rollout.engine import SamplingConfig, rollout_prompts
+from trace_jax.rollout.engine import SamplingConfig
+from trace_jax.rollout.expand import Pool, rollout_prompts
 
 
 def prompts(env: HopWorldEnv, question_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -35,8 +37,9 @@ def hop_success(model: Policy, env: HopWorldEnv, question_ids: Sequence[int], ba
         n = min(batch, len(question_ids) - lo)
         pad = batch - n  # fixed slot count: one compilation; padded slots repeat row 0, ignored
         rows = np.concatenate([np.arange(lo, lo + n), np.full(pad, lo)])
-        tree = rollout_prompts(model, env, ids[rows], lens[rows], question_ids[rows],
-                               jax.random.fold_in(key, i), sampling, protocol.PAD)
+        pool = Pool(tokens=jnp.asarray(ids[rows]), lengths=jnp.asarray(lens[rows]),
+                    question=jnp.asarray(question_ids[rows]))
+        tree = rollout_prompts(model, env, pool, jax.random.fold_in(key, i), sampling, protocol.PAD)
         rewards.append(np.asarray(tree.reward)[:n])
     rewards = np.concatenate(rewards)
     hops = np.asarray(env.world.hops)[question_ids]

@@ -22,6 +22,9 @@ class JaxEnv(Protocol):
     def reset(self, question_id: jax.Array) -> Any:
         """Per-slot env state for question ids [S]."""
 
+    def at_turn(self, state: Any, turns: jax.Array) -> Any:
+        """The state of the same episodes after `turns` [S] turns (live), for forking mid-episode."""
+
     def step(self, state: Any, action: jax.Array, action_len: jax.Array
              ) -> tuple[Any, jax.Array, jax.Array, jax.Array, jax.Array]:
         """(state, action [S, A], action_len [S]) -> (state, obs [S, O], obs_len [S], reward [S],

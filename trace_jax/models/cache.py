@@ -39,6 +39,14 @@ class KVCache:
         """Row i of the result is row rows[i] of this cache (a fork copies, never recomputes)."""
         return jax.tree.map(lambda a: jnp.take(a, rows, axis=0), self)
 
+    def pad_to(self, max_len: int) -> "KVCache":
+        """The same rows with room for `max_len` positions (new positions are empty)."""
+        pad = max_len - self.max_len
+        if pad < 0:
+            raise ValueError(f"cannot shrink a cache of {self.max_len} positions to {max_len}")
+        widen = lambda a: jnp.pad(a, ((0, 0), (0, pad), (0, 0), (0, 0)))  # noqa: E731
+        return KVCache(k=tuple(map(widen, self.k)), v=tuple(map(widen, self.v)), lengths=self.lengths)
+
     def with_lengths(self, lengths: jax.Array) -> "KVCache":
         """Same cache, truncated (logically) to `lengths` [B] positions per row."""
         return dataclasses.replace(self, lengths=lengths.astype(jnp.int32))

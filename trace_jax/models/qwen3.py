@@ -144,6 +144,15 @@ class Policy(nnx.Module):
         self.success_kernel = nnx.Param(jnp.zeros((cfg.hidden_size,), jnp.float32), axes=("embed",))
         self.success_bias = nnx.Param(jnp.zeros((), jnp.float32), axes=())
 
+    def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
+        """LM head on final normed hidden states [..., D] -> float32 logits [..., V]."""
+        head = self.embed_tokens[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
+        return (hidden @ head.astype(hidden.dtype)).astype(jnp.float32)
+
+    def success_from_hidden(self, hidden: jax.Array) -> jax.Array:
+        """Success head V~: sigmoid of a linear read of the final hidden state [..., D] -> [...]."""
+        return jax.nn.sigmoid(hidden.astype(jnp.float32) @ self.success_kernel[...] + self.success_bias[...])
+
     def __call__(self, input_ids: jax.Array, *, cache: KVCache | None = None,
                  num_valid: jax.Array | None = None) -> ModelOutput:
         """Forward `input_ids` [B, T].
@@ -165,10 +174,7 @@ class Policy(nnx.Module):
                 new_k.append(layer_kv[0])
                 new_v.append(layer_kv[1])
         hidden = self.norm(x)
-        head = (self.embed_tokens[...].T if cfg.tie_word_embeddings else self.lm_head[...])
-        logits = (hidden @ head.astype(hidden.dtype)).astype(jnp.float32)
-        success = jax.nn.sigmoid(hidden.astype(jnp.float32) @ self.success_kernel[...]
-                                 + self.success_bias[...])
+        logits, success = self.logits_from_hidden(hidden), self.success_from_hidden(hidden)
         new_cache = None
         if cache is not None:
             valid = jnp.full((b,), t, jnp.int32) if num_valid is None else num_valid.astype(jnp.int32)

@@ -1,25 +1,32 @@
-"""The jitted multi-turn rollout loop: prefill, then turn by turn decode -> env step -> observation.
+"""The multi-turn rollout loop: turn by turn, decode -> environment -> observation into the cache.
 
-Turns are synchronous across slots: every live slot generates its turn (until a stop token or
-A tokens), the environment answers all of them at once, and the observations enter the KV cache
-in one chunked forward. Slots whose episode ended sit idle (their writes are dropped).
+Turns are synchronous across slots: every live slot generates its next turn (until a stop token
+or A tokens), the environment answers all of them at once, and the observations enter the KV
+cache in one chunked forward. Slots may be at different turn indices (forked continuations start
+mid-episode). Finished and unused slots sit idle; their writes are dropped.
+
+Two ways to drive it: `run_turns` keeps the whole loop inside `jit` for JAX-native environments;
+for host-side tools, `generate_turn` and `append_observation` are compiled once and the host
+computes observations in between (`run_turns_host`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from trace_jax.envs.base import JaxEnv
 from trace_jax.models.cache import KVCache
 from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.sampling import sample_tokens
-from trace_jax.rollout.tree import Tree, roots
+from trace_jax.rollout.tree import Tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +41,20 @@ class SamplingConfig:
             raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
 
 
+@dataclasses.dataclass(frozen=True)
+class TurnSpec:
+    """Static shape of a turn: policy tokens per turn, observation tokens, turns, stop tokens."""
+
+    action_len: int
+    obs_len: int
+    max_turns: int
+    stop_ids: tuple[int, ...]
+
+    @classmethod
+    def of(cls, env: JaxEnv) -> "TurnSpec":
+        return cls(env.action_len, env.obs_len, env.max_turns, tuple(env.stop_ids))
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Rollout:
@@ -42,38 +63,40 @@ class Rollout:
     tree: Tree
     cache: KVCache
     logits: jax.Array  # [S, V] next-token logits
+    boundary_hidden: jax.Array  # [S, T, D] final hidden state at the end of each turn (fork logits)
     env_state: Any  # per-slot env state, leading axis S
-    keys: jax.Array  # [S] PRNG key per slot; token at position p uses fold_in(key, p)
+    keys: jax.Array  # [S] PRNG key per slot; the token at position p uses fold_in(key, p)
 
 
 def _write(buf: jax.Array, pos: jax.Array, values: jax.Array) -> jax.Array:
-    """buf [S, L]; write values [S, W] at positions pos [S, W] (positions >= L are dropped)."""
+    """buf [S, L]: write values [S, W] at positions pos [S, W] (positions >= L are dropped)."""
     rows = jnp.arange(buf.shape[0])[:, None]
     return buf.at[rows, pos].set(values, mode="drop")
 
 
-def start(model: Policy, env: JaxEnv, tree: Tree, keys: jax.Array, prompt_width: int) -> Rollout:
-    """Prefill every slot's prompt (the first `prompt_width` columns) and reset its environment."""
-    cache = KVCache.init(model.cfg, tree.num_slots, tree.max_len)
-    out = model(tree.tokens[:, :prompt_width], cache=cache, num_valid=tree.prompt_len)
-    last = (tree.prompt_len - 1)[:, None]
+def _rows_where(mask: jax.Array, new: Any, old: Any) -> Any:
+    """Per-row select over pytrees whose leaves lead with the slot axis."""
+    return jax.tree.map(lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
+
+
+def prefill(model: Policy, tokens: jax.Array, lengths: jax.Array, max_len: int
+            ) -> tuple[KVCache, jax.Array, jax.Array]:
+    """Right-padded prompts tokens [B, W] -> (cache, next-token logits [B, V], V~ at the end [B])."""
+    cache = KVCache.init(model.cfg, tokens.shape[0], max_len)
+    out = model(tokens, cache=cache, num_valid=lengths)
+    last = jnp.maximum(lengths - 1, 0)[:, None]
     logits = jnp.take_along_axis(out.logits, last[:, :, None], axis=1)[:, 0]
-    success0 = jnp.take_along_axis(out.success, last, axis=1)[:, 0]
-    tree = dataclasses.replace(tree, success=tree.success.at[:, 0].set(success0),
-                               model_tokens=tree.model_tokens + tree.prompt_len)
-    return Rollout(tree=tree, cache=out.cache, logits=logits, env_state=env.reset(tree.question),
-                   keys=keys)
+    return out.cache, logits, jnp.take_along_axis(out.success, last, axis=1)[:, 0]
 
 
-def _generate_turn(model: Policy, env: JaxEnv, ro: Rollout, sampling: SamplingConfig
-                   ) -> tuple[Rollout, jax.Array, jax.Array]:
+def generate_turn(model: Policy, ro: Rollout, spec: TurnSpec, sampling: SamplingConfig
+                  ) -> tuple[Rollout, jax.Array, jax.Array]:
     """Decode one turn for every live slot. Returns (rollout, action [S, A], action_len [S])."""
-    s, stop_ids = ro.tree.num_slots, jnp.asarray(env.stop_ids)
-    live = ~ro.tree.done
+    s, stop_ids = ro.tree.num_slots, jnp.asarray(spec.stop_ids)
 
     def cond(carry):
         k, _, active, _, _ = carry
-        return (k < env.action_len) & active.any()
+        return (k < spec.action_len) & active.any()
 
     def body(carry):
         k, ro, active, action, action_len = carry
@@ -95,21 +118,24 @@ def _generate_turn(model: Policy, env: JaxEnv, ro: Rollout, sampling: SamplingCo
         ro = dataclasses.replace(ro, tree=tree, cache=out.cache, logits=logits)
         return k + 1, ro, active & ~jnp.isin(tok, stop_ids), action, action_len + active
 
-    init = (jnp.int32(0), ro, live, jnp.zeros((s, env.action_len), jnp.int32), jnp.zeros((s,), jnp.int32))
+    init = (jnp.int32(0), ro, ~ro.tree.done, jnp.zeros((s, spec.action_len), jnp.int32),
+            jnp.zeros((s,), jnp.int32))
     _, ro, _, action, action_len = jax.lax.while_loop(cond, body, init)
     return ro, action, action_len
 
 
-def _observe(model: Policy, env: JaxEnv, ro: Rollout, turn: jax.Array, action: jax.Array,
-             action_len: jax.Array) -> Rollout:
-    """Step the environment for live slots and feed their observations through the model."""
+def append_observation(model: Policy, ro: Rollout, obs: jax.Array, obs_len: jax.Array,
+                       reward: jax.Array, done: jax.Array, env_state: Any = None) -> Rollout:
+    """Close the current turn of every live slot with its observation obs [S, O] (obs_len [S]).
+
+    The observation goes through the model in one chunked forward; the turn boundary, the V~
+    reading and the final hidden state at its end are recorded. `done`/`reward` [S] end episodes.
+    """
     tree = ro.tree
     live = ~tree.done
-    env_state, obs, obs_len, reward, done = env.step(ro.env_state, action, action_len)
-    env_state = jax.tree.map(lambda new, old: jnp.where(
-        live.reshape((-1,) + (1,) * (new.ndim - 1)), new, old), env_state, ro.env_state)
-    obs_len = jnp.where(live, obs_len, 0)
-    pos = jnp.where(jnp.arange(env.obs_len) < obs_len[:, None], tree.length[:, None] + jnp.arange(env.obs_len),
+    obs_len = jnp.where(live, obs_len, 0).astype(jnp.int32)
+    width = obs.shape[1]
+    pos = jnp.where(jnp.arange(width) < obs_len[:, None], tree.length[:, None] + jnp.arange(width),
                     tree.max_len)
     out = model(obs, cache=ro.cache, num_valid=obs_len)
     last = jnp.maximum(obs_len - 1, 0)[:, None]
@@ -117,52 +143,84 @@ def _observe(model: Policy, env: JaxEnv, ro: Rollout, turn: jax.Array, action: j
     logits = jnp.where(has_obs[:, None], jnp.take_along_axis(out.logits, last[:, :, None], axis=1)[:, 0],
                        ro.logits)
     reading = jnp.take_along_axis(out.success, last, axis=1)[:, 0]
+    hidden = jnp.take_along_axis(out.hidden, last[:, :, None], axis=1)[:, 0]  # [S, D]
+    turn = jnp.where(live, tree.num_turns, tree.boundaries.shape[1])  # out of range -> dropped
+    rows = jnp.arange(tree.num_slots)
     length = tree.length + obs_len
     tree = dataclasses.replace(
         tree,
         tokens=_write(tree.tokens, pos, obs),
         length=length,
-        boundaries=tree.boundaries.at[:, turn].set(jnp.where(live, length, -1)),
-        success=tree.success.at[:, turn + 1].set(jnp.where(has_obs, reading, tree.success[:, turn + 1])),
+        boundaries=tree.boundaries.at[rows, turn].set(length, mode="drop"),
+        success=tree.success.at[rows, jnp.where(has_obs, turn + 1, tree.success.shape[1])].set(
+            reading, mode="drop"),
         num_turns=tree.num_turns + live,
         done=tree.done | (live & done),
         reward=jnp.where(live & done, reward, tree.reward),
         model_tokens=tree.model_tokens + obs_len,
     )
-    return dataclasses.replace(ro, tree=tree, cache=out.cache, logits=logits, env_state=env_state)
+    boundary_hidden = ro.boundary_hidden.at[rows, jnp.where(has_obs, turn, ro.boundary_hidden.shape[1])].set(
+        hidden.astype(ro.boundary_hidden.dtype), mode="drop")
+    env_state = ro.env_state if env_state is None else _rows_where(live, env_state, ro.env_state)
+    return dataclasses.replace(ro, tree=tree, cache=out.cache, logits=logits,
+                               boundary_hidden=boundary_hidden, env_state=env_state)
 
 
 def run_turns(model: Policy, env: JaxEnv, ro: Rollout, sampling: SamplingConfig) -> Rollout:
-    """Roll every live slot to the end of its episode (at most env.max_turns turns)."""
+    """Roll every live slot to the end of its episode, all inside the trace (JAX-native env)."""
+    spec = TurnSpec.of(env)
 
-    def turn_body(turn, ro):
+    def turn_body(_, ro):
         def play(ro):
-            ro, action, action_len = _generate_turn(model, env, ro, sampling)
-            return _observe(model, env, ro, turn, action, action_len)
+            ro, action, action_len = generate_turn(model, ro, spec, sampling)
+            env_state, obs, obs_len, reward, done = env.step(ro.env_state, action, action_len)
+            return append_observation(model, ro, obs, obs_len, reward, done, env_state)
 
         return jax.lax.cond((~ro.tree.done).any(), play, lambda ro: ro, ro)
 
     return jax.lax.fori_loop(0, env.max_turns, turn_body, ro)
 
 
-def max_len(prompt_width: int, env: JaxEnv) -> int:
-    """Slot length that fits a prompt and env.max_turns full turns with observations."""
-    return prompt_width + env.max_turns * (env.action_len + env.obs_len)
+HostStep = Callable[[np.ndarray, np.ndarray, np.ndarray],
+                    tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "sampling", "pad_id"))
-def _rollout(graphdef, state, env, prompt_ids, prompt_len, question, key, sampling, pad_id) -> Tree:
-    model = nnx.merge(graphdef, state)
-    s = prompt_ids.shape[0]
-    tree = roots(prompt_ids, prompt_len, jnp.arange(s), question, max_len(prompt_ids.shape[1], env),
-                 env.max_turns, pad_id)
-    ro = start(model, env, tree, jax.random.split(key, s), prompt_ids.shape[1])
-    return run_turns(model, env, ro, sampling).tree
-
-
-def rollout_prompts(model: Policy, env: JaxEnv, prompt_ids: jax.Array, prompt_len: jax.Array,
-                    question: jax.Array, key: jax.Array, sampling: SamplingConfig, pad_id: int) -> Tree:
-    """One episode per prompt row (no branching): prompt_ids [S, P] right-padded -> finished Tree."""
+def host_turn_fns(model: Policy, spec: TurnSpec, sampling: SamplingConfig):
+    """(generate, append) for `run_turns_host`: `generate_turn` and `append_observation` over
+    this model, each compiled once (static shapes) and called from Python."""
     graphdef, state = nnx.split(model)
-    return _rollout(graphdef, state, env, jnp.asarray(prompt_ids), jnp.asarray(prompt_len, jnp.int32),
-                    jnp.asarray(question, jnp.int32), key, sampling, pad_id)
+
+    @jax.jit
+    def generate(state, ro):
+        return generate_turn(nnx.merge(graphdef, state), ro, spec, sampling)
+
+    @jax.jit
+    def append(state, ro, obs, obs_len, reward, done):
+        return append_observation(nnx.merge(graphdef, state), ro, obs, obs_len, reward, done)
+
+    return functools.partial(generate, state), functools.partial(append, state)
+
+
+def run_turns_host(generate: Callable[[Rollout], tuple[Rollout, jax.Array, jax.Array]],
+                   append: Callable[[Rollout, Any, Any, Any, Any], Rollout], host_step: HostStep,
+                   ro: Rollout, max_turns: int) -> Rollout:
+    """The same loop with the environment on the host.
+
+    generate / append: `generate_turn` / `append_observation` closed over model, spec and sampling,
+    each jitted once by the caller. host_step(live [S], action [S, A], action_len [S]) ->
+    (obs [S, O], obs_len [S], reward [S], done [S]) as numpy, e.g. calling a retriever.
+    """
+    for _ in range(max_turns):
+        live = ~np.asarray(ro.tree.done)
+        if not live.any():
+            break
+        ro, action, action_len = generate(ro)
+        obs, obs_len, reward, done = host_step(live, np.asarray(action), np.asarray(action_len))
+        ro = append(ro, jnp.asarray(obs, jnp.int32), jnp.asarray(obs_len, jnp.int32),
+                    jnp.asarray(reward, jnp.float32), jnp.asarray(done, bool))
+    return ro
+
+
+def max_len(prompt_width: int, spec: TurnSpec) -> int:
+    """Slot length that fits a prompt and max_turns full turns with observations."""
+    return prompt_width + spec.max_turns * (spec.action_len + spec.obs_len)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
 from trace_jax.envs.hopworld import jax_env, protocol
 from trace_jax.envs.hopworld.config import HopWorldConfig
@@ -36,6 +37,10 @@ class HopWorldEnv:
 
     def reset(self, question_id: jax.Array) -> jax_env.EnvState:
         return jax.vmap(jax_env.reset, in_axes=(None, 0))(self.world, question_id)
+
+    def at_turn(self, state: jax_env.EnvState, turns: jax.Array) -> jax_env.EnvState:
+        return dataclasses.replace(state, turn=turns.astype(state.turn.dtype),
+                                   done=jnp.zeros_like(state.done))
 
     def step(self, state, action, action_len):
         return jax.vmap(jax_env.step, in_axes=(None, None, 0, 0, 0))(

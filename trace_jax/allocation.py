@@ -1,0 +1,217 @@
+"""Rollout budget allocators behind one interface: GRPO, PCL, random trees, TRACE and its ablations.
+
+An allocator answers two questions of a training step with budgets M (root rollouts) and N
+(continuations per root rollout) over a pool of B prompts:
+  roots(key, v_pool [B], M) -> m [B]: root rollouts per prompt (sum M; `root_slots` lays them out);
+  prefixes(key, tree, m, N) -> (parent [M*N], branch_turn [M*N]): the continuation slots, filled
+  from the finished roots (slots [0, M) of `tree`); -1 marks a slot left unused.
+A prompt's stage-2 budget is m_i * N, spread over its valid anchors: non-final turn boundaries
+(r, t), t < num_turns[r] - 1, of its root rollouts that carry a predictor reading.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from trace_jax.rollout.tree import Tree
+from trace_jax.solvers import concrete, prefix_counts, root_counts
+
+__all__ = ["ALLOCATORS", "Allocator", "anchor_groups", "anchors_to_slots", "pcl_roots", "prefix_counts",
+           "random_prefix_counts", "repeat_chance", "root_counts", "root_slots", "uniform_prefix_counts",
+           "uniform_roots"]
+
+# name -> (root rule, prefix rule); "none" = no continuations.
+ALLOCATORS: dict[str, tuple[str, str]] = {
+    "grpo": ("uniform", "none"),
+    "pcl": ("pcl", "none"),
+    "random_tree": ("uniform", "random"),
+    "uniform_tree": ("uniform", "uniform"),
+    "trace": ("trace", "trace"),
+    "trace_roots_uniform_prefix": ("trace", "uniform"),
+    "uniform_roots_trace_prefix": ("uniform", "trace"),
+}
+
+
+def _check_total(name: str, counts: jax.Array, total: int, exact: bool) -> None:
+    """Outside jit: counts >= 0 and summing to (at most, unless exact) total."""
+    cv = concrete(counts)
+    if cv is None:
+        return
+    if (cv < 0).any():
+        raise ValueError(f"{name} has negative counts: {cv[cv < 0][:5].tolist()}")
+    if cv.sum() > total or (exact and cv.sum() != total):
+        raise ValueError(f"{name} sums to {int(cv.sum())}, expected {'' if exact else 'at most '}{total}")
+
+
+def root_slots(m: jax.Array, num_roots: int) -> jax.Array:
+    """prompt_of_slot [M] int32: pool index of each root slot, prompts contiguous in pool order."""
+    _check_total("m", m, num_roots, exact=True)
+    ends = jnp.cumsum(m)
+    slot = jnp.arange(num_roots)
+    return jnp.where(slot < ends[-1], jnp.searchsorted(ends, slot, side="right"), -1).astype(jnp.int32)
+
+
+def anchors_to_slots(k: jax.Array, num_roots: int, num_cont: int) -> tuple[jax.Array, jax.Array]:
+    """(parent [M*N], branch_turn [M*N]) int32: K [M, T] continuations per anchor as slot entries.
+
+    Continuations are listed in (root, turn) order, so each prompt's continuations are contiguous
+    like its roots; slots beyond sum K get -1.
+    """
+    if k.ndim != 2 or k.shape[0] != num_roots:
+        raise ValueError(f"K must be [M={num_roots}, T], got shape {k.shape}")
+    _check_total("K", k, num_roots * num_cont, exact=False)
+    turns = k.shape[1]
+    ends = jnp.cumsum(k.reshape(-1))
+    slot = jnp.arange(num_roots * num_cont)
+    anchor = jnp.searchsorted(ends, slot, side="right")
+    used = slot < ends[-1]
+    return (jnp.where(used, anchor // turns, -1).astype(jnp.int32),
+            jnp.where(used, anchor % turns, -1).astype(jnp.int32))
+
+
+def uniform_roots(key: jax.Array, num_pool: int, num_roots: int, group_size: int) -> jax.Array:
+    """m [B]: M // G prompts drawn uniformly from the pool without replacement, G rollouts each."""
+    chosen = jax.random.permutation(key, num_pool)[: num_roots // group_size]
+    return jnp.zeros(num_pool, jnp.int32).at[chosen].set(group_size)
+
+
+def pcl_roots(key: jax.Array, v: jax.Array, num_roots: int, group_size: int) -> jax.Array:
+    """m [B]: the M // G prompts whose predicted success v [B] is nearest 0.5 (random tie-break), G each."""
+    b = v.shape[0]
+    noise = jax.random.uniform(key, (b,))
+    _, _, order = jax.lax.sort((jnp.abs(v - 0.5), noise, jnp.arange(b)), num_keys=2)
+    return jnp.zeros(b, jnp.int32).at[order[: num_roots // group_size]].set(group_size)
+
+
+def anchor_groups(tree: Tree, num_roots: int) -> tuple[jax.Array, jax.Array]:
+    """(valid [M, T] bool, group [M] int32) of the root slots: usable anchors and their pool prompt."""
+    turns = tree.boundaries.shape[1]
+    prompt = tree.prompt[:num_roots]
+    valid = ((prompt >= 0)[:, None] & (jnp.arange(turns) < tree.num_turns[:num_roots, None] - 1)
+             & (tree.success[:num_roots, 1:] >= 0))
+    return valid, prompt
+
+
+def repeat_chance(tree: Tree, num_roots: int) -> jax.Array:
+    """q [M, T]: chance a continuation from (r, t) repeats root r's outcome, V~ if r won else 1 - V~."""
+    v = jnp.clip(tree.success[:num_roots, 1:], 0.0, 1.0)
+    return jnp.where(tree.reward[:num_roots, None] > 0.5, v, 1.0 - v)
+
+
+def _group_keys(valid: jax.Array, group: jax.Array, num_groups: int) -> jax.Array:
+    """[R*T] group of each anchor, num_groups for unusable ones."""
+    usable = valid & (group >= 0)[:, None] & (group < num_groups)[:, None]
+    return jnp.where(usable, group[:, None], num_groups).reshape(-1)
+
+
+def uniform_prefix_counts(key: jax.Array, valid: jax.Array, group: jax.Array, budget: jax.Array
+                          ) -> tuple[jax.Array, jax.Array]:
+    """(K [R, T], unspent [G]): budget[g] spread as evenly as possible over group g's valid anchors.
+
+    The budget % n leftover continuations go to anchors drawn uniformly at random within the group.
+    """
+    num_groups = budget.shape[0]
+    gkey = _group_keys(valid, group, num_groups)
+    noise = jax.random.uniform(key, gkey.shape)
+    idx = jnp.arange(gkey.size)
+    key_s, _, idx_s = jax.lax.sort((gkey, noise, idx), num_keys=2)
+    rank = jnp.zeros_like(idx).at[idx_s].set(idx - jnp.searchsorted(key_s, key_s, side="left"))
+    count = jax.ops.segment_sum(jnp.ones_like(gkey), gkey, num_groups + 1)
+    n = count[gkey]
+    b = jnp.concatenate([budget, jnp.zeros(1, budget.dtype)])[gkey]
+    k = jnp.where(gkey < num_groups, b // jnp.maximum(n, 1) + (rank < b % jnp.maximum(n, 1)), 0)
+    return k.reshape(valid.shape).astype(jnp.int32), jnp.where(count[:num_groups] == 0, budget, 0)
+
+
+def random_prefix_counts(key: jax.Array, valid: jax.Array, group: jax.Array, budget: jax.Array,
+                         total: int) -> tuple[jax.Array, jax.Array]:
+    """(K [R, T], unspent [G]): each of group g's budget[g] continuations picks a uniform valid anchor.
+
+    total: static number of continuations (>= sum budget) the draw is laid out over.
+    """
+    num_groups = budget.shape[0]
+    gkey = _group_keys(valid, group, num_groups)
+    key_s, idx_s = jax.lax.sort((gkey, jnp.arange(gkey.size)), num_keys=1)
+    unit_group = jnp.searchsorted(jnp.cumsum(budget), jnp.arange(total), side="right")
+    start = jnp.searchsorted(key_s, unit_group, side="left")
+    n = jnp.searchsorted(key_s, unit_group, side="right") - start
+    pick = start + jnp.minimum((jax.random.uniform(key, (total,)) * n).astype(jnp.int32), jnp.maximum(n - 1, 0))
+    placed = (unit_group < num_groups) & (n > 0)
+    k = jnp.zeros(gkey.size, jnp.int32).at[idx_s[jnp.minimum(pick, gkey.size - 1)]].add(placed)
+    spent = jax.ops.segment_sum(placed.astype(jnp.int32), unit_group, num_groups + 1)[:num_groups]
+    return k.reshape(valid.shape), budget - spent
+
+
+@dataclasses.dataclass(frozen=True)
+class Allocator:
+    """One allocation rule, by registered name (see ALLOCATORS).
+
+    group_size: rollouts per chosen prompt under uniform or PCL roots (must divide M).
+    max_per_anchor: cap on continuations from one anchor under TRACE prefixes (None: M*N, never binds;
+    the stage-2 solver sorts M*T*cap candidate units, so a smaller cap saves memory at paper scale).
+    """
+
+    name: str
+    group_size: int | None = None
+    max_per_anchor: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in ALLOCATORS:
+            raise ValueError(f"unknown allocator {self.name!r}; known: {sorted(ALLOCATORS)}")
+        if self.root_rule in ("uniform", "pcl") and (self.group_size is None or self.group_size < 1):
+            raise ValueError(f"allocator {self.name!r} needs a group_size >= 1, got {self.group_size}")
+        if self.max_per_anchor is not None and self.max_per_anchor < 1:
+            raise ValueError(f"max_per_anchor must be >= 1, got {self.max_per_anchor}")
+
+    @property
+    def root_rule(self) -> str:
+        return ALLOCATORS[self.name][0]
+
+    @property
+    def prefix_rule(self) -> str:
+        return ALLOCATORS[self.name][1]
+
+    @property
+    def uses_prefixes(self) -> bool:
+        """False for GRPO/PCL: their N budget is unused (size their M up for equal cost)."""
+        return self.prefix_rule != "none"
+
+    def roots(self, key: jax.Array, v_pool: jax.Array, num_roots: int) -> jax.Array:
+        """m [B] int32 root rollouts per pool prompt, sum M, every m_i in {0} ∪ [2, M] for TRACE."""
+        if self.root_rule == "trace":
+            return root_counts(v_pool, num_roots)
+        g, b = self.group_size, v_pool.shape[0]
+        if num_roots % g or num_roots // g > b:
+            raise ValueError(f"{self.name}: group_size={g} must divide M={num_roots} into at most "
+                             f"B={b} prompts")
+        if self.root_rule == "pcl":
+            return pcl_roots(key, v_pool, num_roots, g)
+        return uniform_roots(key, b, num_roots, g)
+
+    def prefixes(self, key: jax.Array, tree: Tree, m: jax.Array, num_cont: int
+                 ) -> tuple[jax.Array, jax.Array]:
+        """(parent [M*N], branch_turn [M*N]) int32 continuation slots from the finished roots of tree.
+
+        m [B]: this step's root counts (prompt i's stage-2 budget is m_i * N); tree has M + M*N slots.
+        """
+        if num_cont < 0 or tree.num_slots % (1 + num_cont):
+            raise ValueError(f"tree has {tree.num_slots} slots, not M * (1 + N) for N={num_cont}")
+        num_roots = tree.num_slots // (1 + num_cont)
+        _check_total("m", m, num_roots, exact=True)
+        size = num_roots * num_cont
+        if not self.uses_prefixes:
+            none = jnp.full((size,), -1, jnp.int32)
+            return none, none
+        valid, group = anchor_groups(tree, num_roots)
+        budget = m.astype(jnp.int32) * num_cont
+        if self.prefix_rule == "trace":
+            cap = self.max_per_anchor or max(size, 1)
+            k, _ = prefix_counts(repeat_chance(tree, num_roots), valid, group, budget, cap)
+        elif self.prefix_rule == "uniform":
+            k, _ = uniform_prefix_counts(key, valid, group, budget)
+        else:
+            k, _ = random_prefix_counts(key, valid, group, budget, size)
+        return anchors_to_slots(k, num_roots, num_cont)
