@@ -36,6 +36,13 @@ def _data_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_sampler(args: argparse.Namespace) -> int:
+    from trace_jax.bench import run_sampler_bench
+
+    run_sampler_bench(args.checkpoint, args.batch, args.prompt_len, args.steps, args.mid_batch, args.skip_mid)
+    return 0
+
+
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None,
                         help="YAML config (default: the built-in defaults, as in configs/)")
@@ -61,6 +68,18 @@ def build_parser() -> argparse.ArgumentParser:
                                      "checkpoint and prints test success per hop count.")
     _add_config_args(sft)
     sft.set_defaults(func=_sft)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", metavar="NAME",
+                                                                    required=True)
+    sampler = bench.add_parser("sampler", help="sampler tokens/s vs transformers; forks vs re-prefill")
+    sampler.add_argument("--checkpoint", default="runs/hopworld_sft/checkpoints",
+                         help="HopWorld policy checkpoint (random init of the same size if missing)")
+    sampler.add_argument("--batch", type=int, default=64, help="rows for the HopWorld-size model")
+    sampler.add_argument("--mid-batch", type=int, default=64, help="rows for the mid-size model")
+    sampler.add_argument("--prompt-len", type=int, default=32)
+    sampler.add_argument("--steps", type=int, default=32, help="sampled tokens per row")
+    sampler.add_argument("--skip-mid", action="store_true", help="skip the ~135M-parameter mid-size model")
+    sampler.set_defaults(func=_bench_sampler)
 
     data = sub.add_parser("data", help="dataset commands").add_subparsers(dest="data_command",
                                                                         metavar="ACTION", required=True)

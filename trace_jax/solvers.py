@@ -21,12 +21,6 @@ def concrete(x: jax.Array) -> np.ndarray | None:
     return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
 
 
-def mixed_probability(v: jax.Array, m: jax.Array) -> jax.Array:
-    """1 - v^m - (1-v)^m: chance that m rollouts at success rate v are mixed (0 for m < 2)."""
-    v = jnp.clip(v, 0.0, 1.0)
-    return jnp.where(m >= 2, 1.0 - v ** m - (1.0 - v) ** m, 0.0)
-
-
 def _unit_gains(v: jax.Array, num_units: int) -> jax.Array:
     """[B, num_units] gains of the concave envelope of the stage-1 objective, unit by unit.
 
@@ -87,14 +81,14 @@ def _repair_deviations(cost: jax.Array, target: jax.Array) -> jax.Array:
     d = _MAX_DEV
     width = 2 * d + 1
     shift = jnp.arange(width)[:, None] - jnp.arange(width)[None, :]  # [state', state] = d_i
+    choice_ok = jnp.abs(shift) <= d
 
     def step(dp, cost_i):
-        choice_ok = jnp.abs(shift) <= d
         total = jnp.where(choice_ok, dp[None, :] + cost_i[jnp.clip(shift + d, 0, width - 1)], jnp.inf)
         return total.min(1), total.argmin(1)  # best previous state for each new state
 
     start = jnp.full((width,), jnp.inf).at[d].set(0.0)
-    _, prev = jax.lax.scan(step, start, cost, unroll=8)
+    _, prev = jax.lax.scan(step, start, cost)
 
     def back(state, prev_i):
         before = prev_i[state]
@@ -108,8 +102,8 @@ def root_counts(v: jax.Array, num_roots: int) -> jax.Array:
     """Stage 1, exact: m [B] int32 maximising sum_i 1 - v_i^m_i - (1-v_i)^m_i, sum m = M, no m_i = 1.
 
     v [B]: predicted success rates of the pool's prompts (clipped to [0, 1]); num_roots = M.
-    Solves the concave envelope by a top-M over unit gains (Lagrangian threshold tau), then repairs
-    the at most one-unit defect exactly with a small DP over bounded deviations: O(B M) memory.
+    Solves the concave envelope by a top-M over unit gains (Lagrangian threshold tau), then makes it
+    feasible (no m_i = 1) exactly with a DP over bounded per-prompt deviations: O(B M) memory.
     """
     if isinstance(num_roots, bool) or not isinstance(num_roots, (int, np.integer)) or num_roots < 2:
         raise ValueError(f"stage 1 needs an integer budget of at least 2 root rollouts, got M={num_roots!r}")
@@ -119,17 +113,6 @@ def root_counts(v: jax.Array, num_roots: int) -> jax.Array:
     g, tau = _lagrangian_counts(units, num_roots)
     dev = _repair_deviations(_deviation_costs(units, g, tau), num_roots - g.sum())
     return g + dev
-
-
-def _check_counts(name: str, m: jax.Array, total: int) -> None:
-    """Outside jit: counts must be >= 0 and sum to `total`."""
-    mv = concrete(m)
-    if mv is None:
-        return
-    if (mv < 0).any():
-        raise ValueError(f"{name} has negative counts: {mv[mv < 0][:5].tolist()}")
-    if mv.sum() != total:
-        raise ValueError(f"{name} sums to {int(mv.sum())}, expected {total}")
 
 
 def prefix_counts(q: jax.Array, valid: jax.Array, group: jax.Array, budget: jax.Array,

@@ -81,7 +81,7 @@ def _fork_phase(graphdef, state, env, roots, parent, branch_turn, keys):
 
 def test_fork_processes_only_new_tokens(env, model):
     pool = make_pool(env, np.arange(B))
-    tree, _ = ex.expand_tree(model, env, pool, jax.random.key(0), two_roots_each, random_anchors, SAMPLING,
+    tree, _, _ = ex.expand_tree(model, env, pool, jax.random.key(0), two_roots_each, random_anchors, SAMPLING,
                              protocol.PAD)
     tree = jax.device_get(tree)
     roots, conts = slice(0, M), slice(M, None)
@@ -189,7 +189,7 @@ def test_expansion_compiles_once_for_ten_steps(env, model):
     before = ex._expand_jit._cache_size()
     for step in range(10):
         pool = make_pool(env, np.arange(step, step + B))
-        tree, _ = ex.expand_tree(model, env, pool, jax.random.key(step), two_roots_each, random_anchors,
+        tree, _, _ = ex.expand_tree(model, env, pool, jax.random.key(step), two_roots_each, random_anchors,
                                  SAMPLING, protocol.PAD)
     jax.block_until_ready(tree)
     assert ex._expand_jit._cache_size() - before <= 1
@@ -197,14 +197,14 @@ def test_expansion_compiles_once_for_ten_steps(env, model):
 
 def test_sharded_slots_give_the_same_tree(env, model):
     pool = make_pool(env, np.arange(B))
-    single, _ = ex.expand_tree(model, env, pool, jax.random.key(5), two_roots_each, random_anchors, SAMPLING,
+    single, _, _ = ex.expand_tree(model, env, pool, jax.random.key(5), two_roots_each, random_anchors, SAMPLING,
                                protocol.PAD)
     mesh = shd.make_mesh(MeshConfig(data=-1, fsdp=1, tensor=1), jax.devices()[:4])
     sharded_model = init_policy(CFG, seed=0, mesh=mesh)
     rows = functools.partial(shd.batch_sharding, mesh=mesh)
     sharded_pool = ex.Pool(*(jax.device_put(a, rows(a.shape)) for a in (pool.tokens, pool.lengths, pool.question)))
     assert len(sharded_pool.tokens.sharding.device_set) == 4
-    sharded, _ = ex.expand_tree(sharded_model, env, sharded_pool, jax.random.key(5), two_roots_each,
+    sharded, _, _ = ex.expand_tree(sharded_model, env, sharded_pool, jax.random.key(5), two_roots_each,
                                 random_anchors, SAMPLING, protocol.PAD)
     for a, b in zip(jax.tree.leaves(jax.device_get(single)), jax.tree.leaves(jax.device_get(sharded))):
         np.testing.assert_allclose(a, b, atol=1e-5)
@@ -213,7 +213,7 @@ def test_sharded_slots_give_the_same_tree(env, model):
 def test_degenerate_budgets(env, model):
     pool = make_pool(env, np.arange(B))
     one_prompt = lambda key, v: jnp.zeros((M,), jnp.int32)  # noqa: E731  a prompt given every slot
-    tree, _ = ex.expand_tree(model, env, pool, jax.random.key(2), one_prompt, ex.no_prefixes, SAMPLING,
+    tree, _, _ = ex.expand_tree(model, env, pool, jax.random.key(2), one_prompt, ex.no_prefixes, SAMPLING,
                              protocol.PAD)  # N = 0
     tree = jax.device_get(tree)
     assert tree.num_slots == M and (tree.prompt == 0).all() and tree.done.all()
@@ -224,7 +224,7 @@ def test_degenerate_budgets(env, model):
     def no_anchor(key, tree):  # e.g. every episode ended at turn 1: nothing to fork from
         return jnp.full((M * N,), -1, jnp.int32), jnp.full((M * N,), -1, jnp.int32)
 
-    tree, _ = ex.expand_tree(model, env, pool, jax.random.key(2), two_roots_each, no_anchor, SAMPLING,
+    tree, _, _ = ex.expand_tree(model, env, pool, jax.random.key(2), two_roots_each, no_anchor, SAMPLING,
                              protocol.PAD)
     tree = jax.device_get(tree)
     assert (tree.prompt[M:] == -1).all() and tree.done.all() and (tree.model_tokens[M:] == 0).all()

@@ -66,6 +66,8 @@ class Rollout:
     boundary_hidden: jax.Array  # [S, T, D] final hidden state at the end of each turn (fork logits)
     env_state: Any  # per-slot env state, leading axis S
     keys: jax.Array  # [S] PRNG key per slot; the token at position p uses fold_in(key, p)
+    decode_steps: jax.Array  # [] int32 decode loop iterations so far
+    live_tokens: jax.Array  # [] int32 tokens those iterations generated (utilisation = live / (S x steps))
 
 
 def _write(buf: jax.Array, pos: jax.Array, values: jax.Array) -> jax.Array:
@@ -115,7 +117,8 @@ def generate_turn(model: Policy, ro: Rollout, spec: TurnSpec, sampling: Sampling
         )
         action = action.at[:, k].set(jnp.where(active, tok, 0))
         logits = jnp.where(active[:, None], out.logits[:, 0], ro.logits)
-        ro = dataclasses.replace(ro, tree=tree, cache=out.cache, logits=logits)
+        ro = dataclasses.replace(ro, tree=tree, cache=out.cache, logits=logits, decode_steps=ro.decode_steps + 1,
+                                 live_tokens=ro.live_tokens + active.sum())
         return k + 1, ro, active & ~jnp.isin(tok, stop_ids), action, action_len + active
 
     init = (jnp.int32(0), ro, ~ro.tree.done, jnp.zeros((s, spec.action_len), jnp.int32),

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from trace_jax.envs.base import JaxEnv
@@ -38,10 +39,16 @@ class Pool:
     question: jax.Array
 
 
+def _concrete(*arrays: jax.Array) -> bool:
+    """True when every array has a value now (eager call), so it can be validated on the host."""
+    return not any(isinstance(a, jax.core.Tracer) for a in arrays)
+
+
 def _check_slots(name: str, index: jax.Array, size: int) -> None:
-    if not isinstance(index, jax.core.Tracer):
+    if _concrete(index):
+        index = np.asarray(index)
         bad = (index < -1) | (index >= size)
-        if bool(bad.any()):
+        if bad.any():
             raise ValueError(f"{name} has entries outside [-1, {size}): {index[bad][:5].tolist()}")
 
 
@@ -79,7 +86,8 @@ def start_roots(model: Policy, env: JaxEnv, pool: Pool, prompt_of_slot: jax.Arra
     cache = cache.with_lengths(jnp.where(used, cache.lengths, 0))
     return Rollout(tree=tree, cache=cache, logits=pool_logits[src],
                    boundary_hidden=jnp.zeros((m, spec.max_turns, model.cfg.hidden_size), model.cfg.jnp_dtype),
-                   env_state=env.reset(tree.question), keys=keys)
+                   env_state=env.reset(tree.question), keys=keys, decode_steps=jnp.zeros((), jnp.int32),
+                   live_tokens=jnp.zeros((), jnp.int32))
 
 
 def fork(env: JaxEnv, model: Policy, roots: Rollout, parent: jax.Array, branch_turn: jax.Array,
@@ -94,11 +102,12 @@ def fork(env: JaxEnv, model: Policy, roots: Rollout, parent: jax.Array, branch_t
     used = parent >= 0
     src, b = jnp.maximum(parent, 0), jnp.maximum(branch_turn, 0)
     rt = roots.tree
-    if not isinstance(branch_turn, jax.core.Tracer):
-        ok = ~used | ((branch_turn >= 0) & (branch_turn < rt.num_turns[src] - 1))
-        if not bool(ok.all()):
+    if _concrete(parent, branch_turn, rt.num_turns):
+        p, t, turns = np.asarray(parent), np.asarray(branch_turn), np.asarray(rt.num_turns)
+        ok = (p < 0) | ((t >= 0) & (t < turns[np.maximum(p, 0)] - 1))
+        if not ok.all():
             raise ValueError("branch_turn must name a non-final turn of the parent's episode; bad "
-                             f"(parent, turn): {list(zip(parent[~ok].tolist(), branch_turn[~ok].tolist()))[:5]}")
+                             f"(parent, turn): {list(zip(p[~ok].tolist(), t[~ok].tolist()))[:5]}")
     cut = jnp.where(used, rt.boundaries[src, b], 0)  # [C] prefix length
     keep = jnp.arange(rt.max_len) < cut[:, None]
     turns = rt.boundaries.shape[1]
@@ -130,6 +139,8 @@ def fork(env: JaxEnv, model: Policy, roots: Rollout, parent: jax.Array, branch_t
             (jnp.arange(turns) <= b[:, None])[..., None], roots.boundary_hidden[src], 0),
         env_state=env.at_turn(jax.tree.map(lambda a: a[src], roots.env_state), b + 1),
         keys=keys,
+        decode_steps=jnp.zeros((), jnp.int32),
+        live_tokens=jnp.zeros((), jnp.int32),
     )
 
 
@@ -138,12 +149,13 @@ def concat(a: Tree, b: Tree) -> Tree:
 
 
 def expand(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, roots_fn: RootFn, prefix_fn: PrefixFn,
-           sampling: SamplingConfig, pad_id: int) -> tuple[Tree, jax.Array]:
+           sampling: SamplingConfig, pad_id: int) -> tuple[Tree, jax.Array, dict[str, jax.Array]]:
     """One step's rollout tree: allocate roots, roll them out, allocate anchors, fork and roll out.
 
-    Returns (tree [M + C slots], pool_v [B]: the predictor's read of every pool prompt).
+    Returns (tree [M + C slots], pool_v [B]: the predictor's read of every pool prompt, stats).
     Token positions fed through the model: `tree.model_tokens` per slot plus the pool prefill,
-    `pool.lengths.sum()`.
+    `pool.lengths.sum()`. stats["utilisation"]: decode steps that produced a live token over
+    slots x decode loop steps.
     """
     k_roots, k_prefix, k_root_slots, k_cont_slots = jax.random.split(key, 4)
     cache, logits, pool_v = prefill(model, pool.tokens, pool.lengths, pool.tokens.shape[1])
@@ -153,11 +165,15 @@ def expand(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, roots_fn: Roo
                      pool_v, pad_id)
     ro = run_turns(model, env, ro, sampling)
     parent, branch_turn = prefix_fn(k_prefix, ro.tree)
-    if parent.shape[0] == 0:
-        return ro.tree, pool_v
-    cont = fork(env, model, ro, parent, branch_turn, jax.random.split(k_cont_slots, parent.shape[0]), pad_id)
-    cont = run_turns(model, env, cont, sampling)
-    return concat(ro.tree, cont.tree), pool_v
+    phases = [ro]
+    if parent.shape[0]:
+        cont = fork(env, model, ro, parent, branch_turn, jax.random.split(k_cont_slots, parent.shape[0]), pad_id)
+        phases.append(run_turns(model, env, cont, sampling))
+    tree = phases[0].tree if len(phases) == 1 else concat(phases[0].tree, phases[1].tree)
+    capacity = sum(p.tree.num_slots * p.decode_steps for p in phases)
+    stats = {"utilisation": sum(p.live_tokens for p in phases) / jnp.maximum(capacity, 1),
+             "decode_steps": sum(p.decode_steps for p in phases)}
+    return tree, pool_v, stats
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "roots_fn", "prefix_fn", "sampling", "pad_id"))
@@ -166,7 +182,7 @@ def _expand_jit(graphdef, state, env, pool, key, roots_fn, prefix_fn, sampling, 
 
 
 def expand_tree(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, roots_fn: RootFn, prefix_fn: PrefixFn,
-                sampling: SamplingConfig, pad_id: int) -> tuple[Tree, jax.Array]:
+                sampling: SamplingConfig, pad_id: int) -> tuple[Tree, jax.Array, dict[str, jax.Array]]:
     """`expand` compiled once per (model graph, shapes, allocation functions, sampling)."""
     graphdef, state = nnx.split(model)
     return _expand_jit(graphdef, state, env, pool, key, roots_fn, prefix_fn, sampling, pad_id)

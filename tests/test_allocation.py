@@ -1,0 +1,230 @@
+"""Allocation: exact stage-1/stage-2 solvers against brute force, slot layouts, every allocator."""
+
+import dataclasses
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trace_jax.allocation import (ALLOCATORS, Allocator, anchor_groups, anchors_to_slots, prefix_counts,
+                                  repeat_chance, root_counts, root_slots, uniform_prefix_counts)
+from trace_jax.rollout.tree import Tree
+
+root_counts_jit = jax.jit(root_counts, static_argnums=1)
+prefix_counts_jit = jax.jit(prefix_counts, static_argnums=4)
+V_SPECIAL = [0.0, 1.0, 0.5, 0.1, 0.9, 0.25, 0.75]
+
+
+def stage1_value(v: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """Objective of counts m [..., B]."""
+    return np.where(m >= 2, 1 - v ** m - (1 - v) ** m, 0.0).sum(-1)
+
+
+@functools.lru_cache
+def feasible_counts(num_prompts: int, num_roots: int) -> np.ndarray:
+    """[C, B] every count vector with sum M and no 1s."""
+    grid = np.array(list(itertools.product(range(num_roots + 1), repeat=num_prompts)))
+    return grid[(grid.sum(1) == num_roots) & ~(grid == 1).any(1)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(2, 7), st.lists(st.one_of(st.sampled_from(V_SPECIAL), st.floats(0, 1, width=32)),
+                                   min_size=1, max_size=4))
+def test_root_counts_is_optimal(num_roots, v):
+    v = np.asarray(v, np.float32)
+    padded = np.concatenate([v, np.zeros(4 - len(v), np.float32)])  # v = 0 prompts are worth nothing
+    m = np.asarray(root_counts_jit(jnp.asarray(padded), num_roots))
+    assert m.sum() == num_roots and m.min() >= 0 and not (m == 1).any()
+    best = stage1_value(v.astype(np.float64), feasible_counts(len(v), num_roots)).max()
+    assert stage1_value(padded.astype(np.float64), m) >= best - 1e-5
+
+
+def test_root_counts_odd_budget_and_scale():
+    m = np.asarray(root_counts_jit(jnp.array([0.5, 0.5, 0.5]), 5))
+    assert sorted(m.tolist()) == [0, 2, 3]
+    v = jax.random.uniform(jax.random.key(3), (64,))
+    m_trace = np.asarray(root_counts_jit(v, 32))
+    m_grpo = np.asarray(Allocator("grpo", group_size=4).roots(jax.random.key(0), v, 32))
+    v = np.asarray(v, np.float64)
+    assert m_trace.sum() == 32 and not (m_trace == 1).any()
+    assert stage1_value(v, m_trace) > stage1_value(v, m_grpo)
+
+
+@pytest.mark.parametrize("bad", [0, 1, 2.0, True])
+def test_root_counts_rejects_bad_budget(bad):
+    with pytest.raises(ValueError, match="at least 2"):
+        root_counts(jnp.array([0.5, 0.5]), bad)
+
+
+def compositions(total: int, parts: int):
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(total + 1):
+        for rest in compositions(total - first, parts - 1):
+            yield (first,) + rest
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_prefix_counts_is_optimal(data):
+    """Random instances up to R = T = G = 3, padded to that shape (one compilation)."""
+    r, t, g = data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    q = np.array(data.draw(st.lists(st.one_of(st.sampled_from(V_SPECIAL), st.floats(0, 1, width=32)),
+                                    min_size=9, max_size=9)), np.float32).reshape(3, 3)
+    valid = np.array(data.draw(st.lists(st.booleans(), min_size=9, max_size=9))).reshape(3, 3)
+    valid[r:], valid[:, t:] = False, False
+    group = np.array(data.draw(st.lists(st.integers(-1, g - 1), min_size=3, max_size=3)), np.int32)
+    budget = np.array(data.draw(st.lists(st.integers(0, 4), min_size=3, max_size=3)), np.int32)
+    budget[g:] = 0
+    k, unspent = (np.asarray(x) for x in prefix_counts_jit(jnp.asarray(q), jnp.asarray(valid), jnp.asarray(group),
+                                                          jnp.asarray(budget), 4))
+    usable = valid & (group >= 0)[:, None]
+    assert (k[~usable] == 0).all()
+    for gi in range(3):
+        cells = usable & (group == gi)[:, None]
+        n = int(cells.sum())
+        assert unspent[gi] == (budget[gi] if n == 0 else 0)
+        if n == 0:
+            continue
+        assert k[cells].sum() == budget[gi]
+        qs = q[cells].astype(np.float64)
+        best = max(np.sum(1 - qs ** np.array(c)) for c in compositions(int(budget[gi]), n))
+        assert np.sum(1 - qs ** k[cells]) >= best - 1e-5
+
+
+def test_prefix_counts_reports_what_it_cannot_place():
+    q = jnp.array([[0.5, 0.5], [0.2, 0.9]])
+    valid = jnp.array([[True, False], [False, False]])
+    k, unspent = prefix_counts_jit(q, valid, jnp.array([0, 1]), jnp.array([5, 3]), 2)
+    assert np.asarray(k).tolist() == [[2, 0], [0, 0]] and np.asarray(unspent).tolist() == [3, 3]
+    with pytest.raises(ValueError, match="negative"):
+        prefix_counts(q, valid, jnp.array([0, 1]), jnp.array([-1, 3]), 2)
+    with pytest.raises(ValueError, match="shapes"):
+        prefix_counts(q, valid[:1], jnp.array([0, 1]), jnp.array([1, 3]), 2)
+
+
+def test_root_slots_and_anchor_slots():
+    assert np.asarray(root_slots(jnp.array([0, 2, 0, 3]), 5)).tolist() == [1, 1, 3, 3, 3]
+    with pytest.raises(ValueError, match="sums to 4"):
+        root_slots(jnp.array([2, 2]), 5)
+    with pytest.raises(ValueError, match="negative"):
+        root_slots(jnp.array([-1, 6]), 5)
+    k = jnp.array([[1, 0, 2], [0, 0, 0]])
+    parent, turn = anchors_to_slots(k, 2, 2)
+    assert np.asarray(parent).tolist() == [0, 0, 0, -1] and np.asarray(turn).tolist() == [0, 2, 2, -1]
+    with pytest.raises(ValueError, match="at most 4"):
+        anchors_to_slots(k + 1, 2, 2)
+    with pytest.raises(ValueError, match="must be"):
+        anchors_to_slots(k, 3, 2)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=6, max_size=6))
+def test_anchor_slots_round_trip(counts):
+    k = np.array(counts, np.int32).reshape(3, 2)
+    parent, turn = jax.jit(anchors_to_slots, static_argnums=(1, 2))(jnp.asarray(k), 3, 6)
+    parent, turn = np.asarray(parent), np.asarray(turn)
+    back = np.zeros_like(k)
+    np.add.at(back, (parent[parent >= 0], turn[parent >= 0]), 1)
+    assert (back == k).all() and (parent[k.sum():] == -1).all()
+
+
+def root_tree(prompt, num_turns, reward, num_cont, turns=3, seed=0) -> Tree:
+    """A tree whose root slots [0, M) are finished (readings up to num_turns); continuations empty."""
+    m = len(prompt)
+    s = m * (1 + num_cont)
+    pad = lambda x, fill: np.concatenate([np.asarray(x), np.full(s - m, fill, np.asarray(x).dtype)])  # noqa: E731
+    num_turns = pad(np.asarray(num_turns, np.int32), 0)
+    success = np.random.default_rng(seed).uniform(size=(s, turns + 1)).astype(np.float32)
+    success[np.arange(turns + 1) > num_turns[:, None]] = -1.0
+    boundaries = np.where(np.arange(turns) < num_turns[:, None], 10 * (np.arange(turns) + 1), -1)
+    minus = np.full(s, -1, np.int32)
+    return Tree(tokens=jnp.zeros((s, 4), jnp.int32), policy_mask=jnp.zeros((s, 4), bool),
+                logprobs=jnp.zeros((s, 4)), length=jnp.zeros(s, jnp.int32), prompt_len=jnp.zeros(s, jnp.int32),
+                boundaries=jnp.asarray(boundaries, jnp.int32), success=jnp.asarray(success),
+                num_turns=jnp.asarray(num_turns), prompt=jnp.asarray(pad(np.asarray(prompt, np.int32), -1)),
+                question=jnp.asarray(minus), parent=jnp.asarray(minus), branch_turn=jnp.asarray(minus),
+                done=jnp.ones(s, bool), reward=jnp.asarray(pad(np.asarray(reward, np.float32), 0.0)),
+                model_tokens=jnp.zeros(s, jnp.int32))
+
+
+# pool of 5 prompts; prompt 1 has 3 roots, prompt 3 two, prompt 4 one root with a single turn (no anchor)
+M, N, POOL = 6, 2, 5
+M_COUNTS = jnp.array([0, 3, 0, 2, 1])
+TREE = root_tree(prompt=[1, 1, 1, 3, 3, 4], num_turns=[3, 2, 1, 3, 3, 1], reward=[1, 0, 1, 0, 0, 1], num_cont=N)
+
+
+def test_anchor_groups_and_repeat_chance():
+    valid, group = anchor_groups(TREE, M)
+    assert np.asarray(valid).tolist() == [[True, True, False], [True, False, False], [False] * 3,
+                                          [True, True, False], [True, True, False], [False] * 3]
+    assert np.asarray(group).tolist() == [1, 1, 1, 3, 3, 4]
+    q, v = np.asarray(repeat_chance(TREE, M)), np.asarray(TREE.success[:M, 1:])
+    assert np.allclose(q[0, :2], v[0, :2]) and np.allclose(q[1, :1], 1 - v[1, :1])
+
+
+@pytest.mark.parametrize("name", sorted(ALLOCATORS))
+def test_allocators_fill_budgets_under_jit(name):
+    alloc = Allocator(name, group_size=2)
+    key = jax.random.key(1)
+    v_pool = jnp.array([0.5, 0.9, 0.45, 0.0, 0.6])
+    m = np.asarray(jax.jit(alloc.roots, static_argnums=2)(key, v_pool, M))
+    assert m.sum() == M and not (m == 1).any()
+    if alloc.root_rule == "uniform":
+        assert sorted(m.tolist()) == [0, 0, 2, 2, 2]
+    if alloc.root_rule == "pcl":
+        assert m.tolist() == [2, 0, 2, 0, 2]
+    parent, turn = (np.asarray(x) for x in jax.jit(alloc.prefixes, static_argnums=3)(key, TREE, M_COUNTS, N))
+    assert parent.shape == turn.shape == (M * N,)
+    if not alloc.uses_prefixes:
+        assert (parent == -1).all() and (turn == -1).all()
+        return
+    valid, group = (np.asarray(x) for x in anchor_groups(TREE, M))
+    used = parent >= 0
+    assert valid[parent[used], turn[used]].all()
+    per_prompt = np.bincount(group[parent[used]], minlength=POOL)
+    assert per_prompt.tolist() == [0, 6, 0, 4, 0]  # prompt 4's budget 2 has no anchor: left unused
+    if alloc.prefix_rule == "uniform":
+        counts = np.zeros((M, 3), int)
+        np.add.at(counts, (parent[used], turn[used]), 1)
+        assert counts[valid & (group == 1)[:, None]].tolist() == [2, 2, 2]
+        assert sorted(counts[valid & (group == 3)[:, None]].tolist()) == [1, 1, 1, 1]
+
+
+def test_trace_prefixes_prefer_uncertain_anchors():
+    tree = root_tree(prompt=[0, 0], num_turns=[3, 3], reward=[1, 0], num_cont=1)
+    success = tree.success.at[0, 1:3].set(jnp.array([0.99, 0.5])).at[1, 1:3].set(jnp.array([0.6, 0.999]))
+    tree = dataclasses.replace(tree, success=success)
+    parent, turn = jax.jit(Allocator("trace").prefixes, static_argnums=3)(jax.random.key(0), tree, jnp.array([2]), 1)
+    # q: root 0 (won) [0.99, 0.5]; root 1 (lost) [0.4, 0.001]: best single gains go to (1,1) and (1,0)
+    assert sorted(zip(np.asarray(parent).tolist(), np.asarray(turn).tolist())) == [(1, 0), (1, 1)]
+
+
+def test_uniform_prefix_counts_spread_evenly():
+    valid = jnp.ones((2, 3), bool)
+    k, unspent = uniform_prefix_counts(jax.random.key(0), valid, jnp.array([0, 1]), jnp.array([7, 0]))
+    assert sorted(np.asarray(k)[0].tolist()) == [2, 2, 3] and (np.asarray(k)[1] == 0).all()
+    assert np.asarray(unspent).tolist() == [0, 0]
+
+
+def test_allocator_errors():
+    with pytest.raises(ValueError, match="unknown allocator"):
+        Allocator("tree_of_thought")
+    with pytest.raises(ValueError, match="group_size"):
+        Allocator("grpo")
+    with pytest.raises(ValueError, match="must divide"):
+        Allocator("grpo", group_size=4).roots(jax.random.key(0), jnp.zeros(5), M)
+    with pytest.raises(ValueError, match="must divide"):
+        Allocator("pcl", group_size=1).roots(jax.random.key(0), jnp.zeros(5), M)
+    with pytest.raises(ValueError, match="not M"):
+        Allocator("trace").prefixes(jax.random.key(0), TREE, M_COUNTS, 3)
+    with pytest.raises(ValueError, match="sums to"):
+        Allocator("trace").prefixes(jax.random.key(0), TREE, M_COUNTS + 1, N)
+    with pytest.raises(ValueError, match="max_per_anchor"):
+        Allocator("trace", max_per_anchor=0)

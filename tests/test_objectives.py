@@ -1,0 +1,219 @@
+"""Objectives: tree targets and advantages against hand-computed and brute-force references, losses."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trace_jax.objectives import (advantages, calibration, calibration_report, effective_ratio, entropy,
+                                  node_targets, policy_loss, predictor_loss)
+from trace_jax.rollout.tree import Tree
+
+TURNS = 3
+node_targets_jit = jax.jit(node_targets)
+advantages_jit = jax.jit(advantages)
+
+
+def make_tree(prompt, parent, branch_turn, num_turns, reward, success=None) -> Tree:
+    """Slot arrays for objectives; readings exist at node indices <= num_turns (0.5 unless given)."""
+    prompt, num_turns = np.asarray(prompt, np.int32), np.asarray(num_turns, np.int32)
+    s = len(prompt)
+    if success is None:
+        success = np.where(np.arange(TURNS + 1) <= num_turns[:, None], 0.5, -1.0)
+    return Tree(tokens=jnp.zeros((s, 4), jnp.int32), policy_mask=jnp.zeros((s, 4), bool),
+                logprobs=jnp.zeros((s, 4)), length=jnp.zeros(s, jnp.int32), prompt_len=jnp.zeros(s, jnp.int32),
+                boundaries=jnp.where(jnp.arange(TURNS) < num_turns[:, None], 1, -1).astype(jnp.int32),
+                success=jnp.asarray(success, jnp.float32), num_turns=jnp.asarray(num_turns),
+                prompt=jnp.asarray(prompt), question=jnp.zeros(s, jnp.int32),
+                parent=jnp.asarray(parent, jnp.int32), branch_turn=jnp.asarray(branch_turn, jnp.int32),
+                done=jnp.ones(s, bool), reward=jnp.asarray(reward, jnp.float32), model_tokens=jnp.zeros(s, jnp.int32))
+
+
+# Two prompts (pool ids 7 and 3), M = 4 roots, N = 1: slots 4-6 are continuations, slot 7 unused.
+#   prompt 7: root 0 (3 turns, r=1) with forks 4 (after turn 0, r=0) and 5 (after turn 1, r=1); root 1 (r=0)
+#   prompt 3: root 2 (2 turns, r=0) with fork 6 (after turn 0, r=1); root 3 (1 turn, r=0)
+HAND = make_tree(prompt=[7, 7, 3, 3, 7, 7, 3, -1], parent=[-1, -1, -1, -1, 0, 0, 2, -1],
+                 branch_turn=[-1, -1, -1, -1, 0, 1, 0, -1], num_turns=[3, 2, 2, 1, 3, 3, 3, 0],
+                 reward=[1, 0, 0, 0, 0, 1, 1, 0])
+
+
+def test_hand_tree_targets():
+    targets, weight = (np.asarray(x) for x in node_targets_jit(HAND))
+    h, t = 0.5, 1 / 3
+    expected = {  # slot: targets at node indices 0..num_turns
+        0: [h, 2 / 3, 1, 1], 1: [h, 0, 0], 2: [t, 0.5, 0], 3: [t, 0],
+        4: [h, 2 / 3, 0, 0], 5: [h, 2 / 3, 1, 1], 6: [t, 0.5, 1, 1],
+    }
+    for slot, row in expected.items():
+        assert np.allclose(targets[slot, :len(row)], row), slot
+    assert weight.tolist() == [[1, 1, 1, 1], [0, 1, 1, 0], [1, 1, 1, 0], [0, 1, 0, 0],
+                               [0, 0, 1, 1], [0, 0, 0, 1], [0, 0, 1, 1], [0, 0, 0, 0]]
+    assert (targets[7] == 0).all()
+
+
+def test_hand_tree_advantages():
+    a = np.asarray(advantages_jit(HAND, 1e-6))
+    z7 = 0.5 / np.sqrt(1 / 3)  # prompt 7 rewards [1, 0, 0, 1]: mean 1/2, unbiased std sqrt(1/3)
+    lo3, hi3 = -(1 / 3) / np.sqrt(1 / 3), (2 / 3) / np.sqrt(1 / 3)  # prompt 3 rewards [0, 0, 1]
+    node01 = (0 - 2 / 3) / np.sqrt(1 / 3)  # slot 4 under node (0, 1): rewards [1, 0, 1]
+    node21 = 0.5 / np.sqrt(0.5)  # slots 2, 6 under node (2, 1): rewards [0, 1]
+    # slot 0's and 5's deepest branch point (0, 2) holds rewards [1, 1]: no spread, no anchor term
+    expected = [z7, -z7, lo3 - node21, lo3, -z7 + node01, z7, hi3 + node21, 0.0]
+    assert np.allclose(a, expected, atol=1e-5)
+
+
+def test_effective_ratio():
+    assert float(effective_ratio(HAND)) == 1.0
+    lost = make_tree(prompt=[7, 7, 3, 3, 7, 7, 3, -1], parent=[-1, -1, -1, -1, 0, 0, 2, -1],
+                     branch_turn=[-1, -1, -1, -1, 0, 1, 0, -1], num_turns=[3, 2, 2, 1, 3, 3, 3, 0],
+                     reward=[1, 0, 0, 0, 0, 1, 0, 1])  # prompt 3 all 0; the unused slot's 1 must not count
+    assert float(jax.jit(effective_ratio)(lost)) == 0.5
+
+
+@st.composite
+def trees(draw, roots=5, cont=2):
+    """Random one-round trees: `roots` root slots, roots*cont continuation slots, rewards 0/1 or real."""
+    binary = draw(st.booleans())
+    rew = st.sampled_from([0.0, 1.0]) if binary else st.floats(0, 1, width=32)
+    prompt = [draw(st.integers(-1, 2)) for _ in range(roots)]
+    num_turns = [draw(st.integers(1, TURNS)) for _ in range(roots)]
+    parent, branch, reward = [-1] * roots, [-1] * roots, [draw(rew) for _ in range(roots)]
+    forkable = [r for r in range(roots) if prompt[r] >= 0 and num_turns[r] >= 2]
+    for _ in range(roots * cont):
+        if forkable and draw(st.booleans()):
+            p = draw(st.sampled_from(forkable))
+            b = draw(st.integers(0, num_turns[p] - 2))
+            prompt.append(prompt[p]), parent.append(p), branch.append(b)
+            num_turns.append(draw(st.integers(b + 2, TURNS))), reward.append(draw(rew))
+        else:
+            prompt.append(-1), parent.append(-1), branch.append(-1), num_turns.append(0), reward.append(0.0)
+    return make_tree(prompt, parent, branch, num_turns, reward)
+
+
+def paths(tree: Tree) -> list[tuple]:
+    """Each used slot's history as (prompt, turn ids...): forks share their parent's ids up to the branch."""
+    out = []
+    for s in range(tree.num_slots):
+        p, b = int(tree.parent[s]), int(tree.branch_turn[s])
+        ids = [(p, t) if p >= 0 and t <= b else (s, t) for t in range(int(tree.num_turns[s]))]
+        out.append((int(tree.prompt[s]), *ids) if tree.prompt[s] >= 0 else None)
+    return out
+
+
+def np_grpo(reward: np.ndarray, groups: list, eps: float) -> np.ndarray:
+    """(r - mean) / (std + eps) with the unbiased std per group, 0 where a group has no spread."""
+    out = np.zeros(len(reward))
+    for members in groups:
+        r = reward[members]
+        std = r.std(ddof=1) if len(r) > 1 else 0.0
+        if std > eps:
+            out[members] += (r - r.mean()) / (std + eps)
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(trees())
+def test_targets_match_brute_force(tree):
+    targets, weight = (np.asarray(x) for x in node_targets_jit(tree))
+    hist, reward = paths(tree), np.asarray(tree.reward, np.float64)
+    seen = set()
+    for s, h in enumerate(hist):
+        if h is None:
+            assert (weight[s] == 0).all()
+            continue
+        for i in range(int(tree.num_turns[s]) + 1):
+            node = h[: i + 1]
+            below = [ell for ell, g in enumerate(hist) if g is not None and g[: i + 1] == node]
+            assert np.isclose(targets[s, i], reward[below].mean(), atol=1e-6)
+            assert weight[s, i] == (node not in seen)
+            seen.add(node)
+        assert (weight[s, int(tree.num_turns[s]) + 1:] == 0).all()
+
+
+def np_tree_advantages(tree: Tree, eps: float) -> np.ndarray:
+    """Prompt groups plus anchor groups: leaves under the deepest node with >= 2 children on each path."""
+    hist, reward = paths(tree), np.asarray(tree.reward, np.float64)
+    used = [s for s, h in enumerate(hist) if h is not None]
+    prompts = {}
+    for s in used:
+        prompts.setdefault(hist[s][0], []).append(s)
+    adv = np_grpo(reward, list(prompts.values()), eps)
+    for s in used:
+        h = hist[s]
+        for depth in range(len(h) - 1, 1, -1):  # nodes of length >= 2: below the prompt node
+            below = [ell for ell in used if hist[ell][:depth] == h[:depth]]
+            children = {hist[ell][depth] for ell in below if len(hist[ell]) > depth}
+            if len(children) >= 2:
+                adv[s] += np_grpo(reward, [below], eps)[s]
+                break
+    return adv
+
+
+@settings(max_examples=40, deadline=None)
+@given(trees())
+def test_advantages_match_brute_force(tree):
+    assert np.allclose(advantages_jit(tree, 1e-6), np_tree_advantages(tree, 1e-6), atol=1e-4)
+
+
+@settings(max_examples=25, deadline=None)
+@given(trees(cont=0))
+def test_advantages_without_branches_are_grpo(tree):
+    prompt, reward = np.asarray(tree.prompt), np.asarray(tree.reward, np.float64)
+    groups = [np.flatnonzero(prompt == p) for p in set(prompt.tolist()) - {-1}]
+    assert np.allclose(advantages_jit(tree, 1e-6), np_grpo(reward, groups, 1e-6), atol=1e-5)
+
+
+def test_policy_loss_matches_numpy():
+    rng = np.random.default_rng(0)
+    new, old, ref = (rng.normal(size=(3, 5)).astype(np.float32) * 0.3 for _ in range(3))
+    mask = rng.random((3, 5)) < 0.7
+    adv = rng.normal(size=3).astype(np.float32)
+    loss, metrics = jax.jit(policy_loss, static_argnums=4)(new, old, mask, adv, 0.2, ref, 0.1)
+    ratio = np.exp(new - old)
+    surr = np.minimum(ratio * adv[:, None], np.clip(ratio, 0.8, 1.2) * adv[:, None])
+    kl = np.exp(ref - new) - (ref - new) - 1
+    assert np.isclose(metrics["pg_loss"], -surr[mask].mean(), atol=1e-6)
+    assert np.isclose(loss, -surr[mask].mean() + 0.1 * kl[mask].mean(), atol=1e-6)
+    clipped = np.clip(ratio, 0.8, 1.2) * adv[:, None] < ratio * adv[:, None]
+    assert np.isclose(metrics["clip_frac"], clipped[mask].mean())
+    assert np.isclose(metrics["ratio_mean"], ratio[mask].mean(), atol=1e-6)
+    assert np.isclose(metrics["approx_kl"], (ratio - 1 - np.log(ratio))[mask].mean(), atol=1e-6)
+
+
+def test_policy_loss_on_policy_and_masking():
+    logp = jnp.log(jnp.full((2, 3), 0.5))
+    mask = jnp.array([[True, True, False], [True, False, False]])
+    loss, metrics = policy_loss(logp, logp, mask, jnp.array([1.0, -2.0]), 0.2)
+    assert np.isclose(loss, -(1 + 1 - 2) / 3) and float(metrics["clip_frac"]) == 0.0
+    assert float(metrics["approx_kl"]) == 0.0 and "kl_ref" not in metrics
+    moved = logp.at[:, 2].set(5.0)  # masked tokens do not matter
+    assert np.isclose(policy_loss(moved, logp, mask, jnp.array([1.0, -2.0]), 0.2)[0], loss)
+    with pytest.raises(ValueError, match="ref_logp"):
+        policy_loss(logp, logp, mask, jnp.array([1.0, -2.0]), 0.2, kl_coef=0.1)
+
+
+def test_entropy_and_predictor_loss():
+    logits = jnp.zeros((2, 3, 4)).at[1].set(jnp.array([100.0, 0, 0, 0]))
+    mask = jnp.array([[True, True, True], [True, False, False]])
+    assert np.isclose(jax.jit(entropy)(logits, mask), 3 * np.log(4) / 4, atol=1e-5)
+    pred = jnp.array([[0.5, 0.2], [0.9, -1.0]])
+    targets = jnp.array([[1.0, 0.0], [1.0, 0.0]])
+    weight = jnp.array([[1.0, 1.0], [1.0, 0.0]])
+    assert np.isclose(jax.jit(predictor_loss)(pred, targets, weight), (0.25 + 0.04 + 0.01) / 3)
+
+
+def test_calibration():
+    pred = jnp.array([[0.05, 0.95, 0.95, 0.5], [0.05, 0.95, -1.0, 0.5]])
+    targets = jnp.array([[0.0, 1.0, 0.0, 0.5], [0.0, 1.0, 1.0, 0.5]])
+    weight = jnp.array([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    brier, ece = jax.jit(calibration)(pred, targets, weight)
+    assert np.isclose(brier, (4 * 0.0025 + 0.9025) / 5)
+    # bin 0: |0.1 - 0| ; bin 9: |2.85 - 2| (three 0.95s, targets 1, 1, 0)
+    assert np.isclose(ece, (0.1 + 0.85) / 5)
+    perfect = calibration(targets, targets, jnp.ones_like(targets))
+    assert np.allclose(perfect, 0.0)
+    report = jax.jit(calibration_report)(pred, targets, weight)
+    assert np.isclose(report["root_brier"], 0.0025) and np.isclose(report["root_ece"], 0.05)
+    assert np.isclose(report["prefix_brier"], (2 * 0.0025 + 0.9025) / 3)

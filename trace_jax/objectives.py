@@ -1,0 +1,178 @@
+"""Training signals from a rollout tree: predictor targets, tree-aware advantages, losses, diagnostics.
+
+Nodes: (s, 0) is slot s's prompt, (s, t+1) its history after turn t's observation. A root's node
+(r, t+1) covers root r and its continuations with branch_turn >= t; a continuation's nodes up to its
+branch (index <= branch_turn + 1) are copies of its parent's, later ones cover only itself.
+Unused slots (prompt == -1) contribute nothing anywhere.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from trace_jax.rollout.tree import Tree
+
+
+def _prompt_ids(tree: Tree) -> tuple[jax.Array, jax.Array]:
+    """(ids [S] in [0, S] with S for unused slots, used [S]): dense per-prompt segment ids."""
+    used = tree.prompt >= 0
+    ids = jnp.searchsorted(jnp.sort(tree.prompt), tree.prompt, side="left")
+    return jnp.where(used, ids, tree.num_slots), used
+
+
+def _segment_stats(values: jax.Array, ids: jax.Array, num: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-segment (count, mean, unbiased variance) of values [S] over ids [S] in [0, num)."""
+    count = jax.ops.segment_sum(jnp.ones_like(values), ids, num)
+    mean = jax.ops.segment_sum(values, ids, num) / jnp.maximum(count, 1.0)
+    ss = jax.ops.segment_sum((values - mean[ids]) ** 2, ids, num)
+    return count, mean, jnp.where(count > 1, ss / jnp.maximum(count - 1.0, 1.0), 0.0)
+
+
+def _node_stats(tree: Tree) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(count, mean, unbiased variance) [S, T] of the leaf rewards under each root node (r, t+1)."""
+    s, turns = tree.boundaries.shape
+    used = tree.prompt >= 0
+    reward = jnp.where(used, tree.reward, 0.0)
+    cont = used & (tree.parent >= 0)
+    row = jnp.where(cont, tree.parent, s)  # out of range: dropped
+    col = jnp.maximum(tree.branch_turn, 0)
+
+    def below(x: jax.Array) -> jax.Array:  # [S] per continuation -> [S, T] summed over branch_turn >= t
+        at = jnp.zeros((s, turns), x.dtype).at[row, col].add(x, mode="drop")
+        return jnp.cumsum(at[:, ::-1], axis=1)[:, ::-1]
+
+    count = 1.0 + below(jnp.ones_like(reward))
+    mean = (reward[:, None] + below(reward)) / count
+    covers = cont[:, None] & (jnp.arange(turns) <= tree.branch_turn[:, None])  # [S, T] under (parent, t+1)
+    dev = jnp.where(covers, (reward[:, None] - mean[jnp.minimum(row, s - 1)]) ** 2, 0.0)
+    ss = (reward[:, None] - mean) ** 2 + jnp.zeros((s, turns)).at[row].add(dev, mode="drop")
+    return count, mean, jnp.where(count > 1, ss / jnp.maximum(count - 1.0, 1.0), 0.0)
+
+
+def node_targets(tree: Tree) -> tuple[jax.Array, jax.Array]:
+    """(targets [S, T+1], weight [S, T+1]): success rate of the leaves below each node, bottom-up.
+
+    A leaf's target is its reward; an inner node's the mean reward of all leaves below it. Weight 1
+    marks each distinct node once where it has a reading (success >= 0): the prompt node on the
+    prompt's first slot, shared prefix nodes on the root; copies get their node's target, weight 0.
+    """
+    s, turns = tree.boundaries.shape
+    ids, used = _prompt_ids(tree)
+    reward = jnp.where(used, tree.reward, 0.0)
+    _, prompt_mean, _ = _segment_stats(reward, ids, s + 1)
+    _, node_mean, _ = _node_stats(tree)
+    cont = used & (tree.parent >= 0)
+    shared = cont[:, None] & (jnp.arange(turns) <= tree.branch_turn[:, None])  # [S, T] copied nodes
+    parent = jnp.where(cont, tree.parent, jnp.arange(s))
+    after = jnp.where(shared, node_mean[parent], jnp.where(cont[:, None], reward[:, None], node_mean))
+    targets = jnp.where(used[:, None], jnp.concatenate([prompt_mean[ids][:, None], after], axis=1), 0.0)
+    first = jax.ops.segment_min(jnp.arange(s), ids, s + 1)[ids] == jnp.arange(s)
+    own = jnp.concatenate([first[:, None], ~shared], axis=1)
+    weight = own & used[:, None] & (tree.success >= 0)
+    return targets, weight.astype(jnp.float32)
+
+
+def _normalized(r: jax.Array, mean: jax.Array, var: jax.Array, eps: float) -> jax.Array:
+    """(r - mean) / (std + eps), 0 where the group has (numerically) no spread."""
+    std = jnp.sqrt(var)
+    return jnp.where(std > eps, (r - mean) / (std + eps), 0.0)
+
+
+def advantages(tree: Tree, eps: float = 1e-6) -> jax.Array:
+    """A [S] = (r - mean_prompt) / std_prompt + (r - mean_anchor) / std_anchor per leaf (0 if unused).
+
+    prompt group: every leaf of the prompt's tree; anchor group: the leaves under the leaf's deepest
+    branch point, node (p, b+1) for a continuation (parent p, branch_turn b), node (r, b*+1) for a root
+    r whose continuations branch at most at b* (no continuations: no anchor term). Stds are unbiased;
+    a tree without branches gives exactly GRPO's (r - mean) / (std + eps).
+    """
+    s = tree.num_slots
+    ids, used = _prompt_ids(tree)
+    reward = jnp.where(used, tree.reward, 0.0)
+    _, p_mean, p_var = _segment_stats(reward, ids, s + 1)
+    a_count, a_mean, a_var = _node_stats(tree)
+    cont = used & (tree.parent >= 0)
+    deepest = jnp.full((s,), -1, jnp.int32).at[jnp.where(cont, tree.parent, s)].max(
+        tree.branch_turn, mode="drop")
+    node_row = jnp.where(cont, tree.parent, jnp.arange(s))
+    node_col = jnp.where(cont, tree.branch_turn, deepest)
+    has_anchor = used & (node_col >= 0)
+    r_, c_ = node_row, jnp.maximum(node_col, 0)
+    anchor = jnp.where(has_anchor, _normalized(reward, a_mean[r_, c_], a_var[r_, c_], eps), 0.0)
+    prompt = _normalized(reward, p_mean[ids], p_var[ids], eps)
+    return jnp.where(used, prompt + anchor, 0.0)
+
+
+def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+    return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(mask.sum(), 1)
+
+
+def policy_loss(logp_new: jax.Array, logp_old: jax.Array, mask: jax.Array, adv: jax.Array, clip_eps: float,
+                ref_logp: jax.Array | None = None, kl_coef: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Token-level clipped surrogate over all policy tokens of the batch, plus kl_coef * k3 KL to ref.
+
+    logp_new, logp_old, ref_logp, mask: [S, L] (mask: policy tokens of used slots); adv [S].
+    Metrics: pg_loss, clip_frac (tokens where the clipped term is active), approx_kl (k3 of old vs new),
+    ratio_mean, and kl_ref when ref_logp is given.
+    """
+    if ref_logp is None and (isinstance(kl_coef, jax.core.Tracer) or kl_coef):
+        raise ValueError("a KL coefficient needs ref_logp")
+    mask = mask.astype(bool)
+    log_ratio = logp_new - logp_old
+    ratio = jnp.exp(log_ratio)
+    a = adv[:, None]
+    unclipped, clipped = ratio * a, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * a
+    pg = _masked_mean(-jnp.minimum(unclipped, clipped), mask)
+    metrics = {
+        "pg_loss": pg,
+        "clip_frac": _masked_mean((clipped < unclipped).astype(jnp.float32), mask),
+        "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, mask),
+        "ratio_mean": _masked_mean(ratio, mask),
+    }
+    loss = pg
+    if ref_logp is not None:
+        d = ref_logp - logp_new
+        metrics["kl_ref"] = _masked_mean(jnp.exp(d) - d - 1.0, mask)
+        loss = loss + kl_coef * metrics["kl_ref"]
+    return loss, metrics
+
+
+def entropy(logits: jax.Array, mask: jax.Array) -> jax.Array:
+    """Token-mean entropy of logits [S, L, V] over mask [S, L]."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return _masked_mean(-jnp.sum(jnp.exp(logp) * logp, axis=-1), mask.astype(bool))
+
+
+def predictor_loss(pred: jax.Array, targets: jax.Array, weight: jax.Array) -> jax.Array:
+    """Weighted mean squared error of predictions pred [S, T+1] against node targets."""
+    return jnp.sum(weight * (pred - targets) ** 2) / jnp.maximum(weight.sum(), 1.0)
+
+
+def calibration(pred: jax.Array, targets: jax.Array, weight: jax.Array, bins: int = 10
+                ) -> tuple[jax.Array, jax.Array]:
+    """(Brier score, expected calibration error over `bins` equal-width bins of pred), weighted."""
+    total = jnp.maximum(weight.sum(), 1e-12)
+    brier = jnp.sum(weight * (pred - targets) ** 2) / total
+    b = jnp.clip(jnp.floor(pred * bins), 0, bins - 1).astype(jnp.int32).reshape(-1)
+    w = weight.reshape(-1)
+    gap = jax.ops.segment_sum(w * (pred - targets).reshape(-1), b, bins)
+    return brier, jnp.sum(jnp.abs(gap)) / total
+
+
+def calibration_report(pred: jax.Array, targets: jax.Array, weight: jax.Array, bins: int = 10
+                       ) -> dict[str, jax.Array]:
+    """Brier and ECE separately for root nodes (index 0) and prefix nodes (index >= 1)."""
+    root = calibration(pred[:, :1], targets[:, :1], weight[:, :1], bins)
+    prefix = calibration(pred[:, 1:], targets[:, 1:], weight[:, 1:], bins)
+    return {"root_brier": root[0], "root_ece": root[1], "prefix_brier": prefix[0], "prefix_ece": prefix[1]}
+
+
+def effective_ratio(tree: Tree) -> jax.Array:
+    """Share of prompts with rollouts whose leaves have contrast (max reward > min reward)."""
+    s = tree.num_slots
+    ids, used = _prompt_ids(tree)
+    hi = jax.ops.segment_max(jnp.where(used, tree.reward, -jnp.inf), ids, s + 1)[:s]
+    lo = jax.ops.segment_min(jnp.where(used, tree.reward, jnp.inf), ids, s + 1)[:s]
+    has = jax.ops.segment_sum(used.astype(jnp.float32), ids, s + 1)[:s] > 0
+    return jnp.sum(has & (hi > lo)) / jnp.maximum(jnp.sum(has), 1)
