@@ -158,6 +158,7 @@ def root_tree(prompt, num_turns, reward, num_cont, turns=3, seed=0) -> Tree:
 M, N, POOL = 6, 2, 5
 M_COUNTS = jnp.array([0, 3, 0, 2, 1])
 TREE = root_tree(prompt=[1, 1, 1, 3, 3, 4], num_turns=[3, 2, 1, 3, 3, 1], reward=[1, 0, 1, 0, 0, 1], num_cont=N)
+ROOTS = jax.tree.map(lambda a: a[:M], TREE)  # what stage 2 sees: the finished root slots
 
 
 def test_anchor_groups_and_repeat_chance():
@@ -180,7 +181,7 @@ def test_allocators_fill_budgets_under_jit(name):
         assert sorted(m.tolist()) == [0, 0, 2, 2, 2]
     if alloc.root_rule == "pcl":
         assert m.tolist() == [2, 0, 2, 0, 2]
-    parent, turn = (np.asarray(x) for x in jax.jit(alloc.prefixes, static_argnums=3)(key, TREE, M_COUNTS, N))
+    parent, turn = (np.asarray(x) for x in jax.jit(alloc.prefixes, static_argnums=3)(key, ROOTS, M_COUNTS, N))
     assert parent.shape == turn.shape == (M * N,)
     if not alloc.uses_prefixes:
         assert (parent == -1).all() and (turn == -1).all()
@@ -198,7 +199,7 @@ def test_allocators_fill_budgets_under_jit(name):
 
 
 def test_trace_prefixes_prefer_uncertain_anchors():
-    tree = root_tree(prompt=[0, 0], num_turns=[3, 3], reward=[1, 0], num_cont=1)
+    tree = root_tree(prompt=[0, 0], num_turns=[3, 3], reward=[1, 0], num_cont=0)
     success = tree.success.at[0, 1:3].set(jnp.array([0.99, 0.5])).at[1, 1:3].set(jnp.array([0.6, 0.999]))
     tree = dataclasses.replace(tree, success=success)
     parent, turn = jax.jit(Allocator("trace").prefixes, static_argnums=3)(jax.random.key(0), tree, jnp.array([2]), 1)
@@ -222,9 +223,9 @@ def test_allocator_errors():
         Allocator("grpo", group_size=4).roots(jax.random.key(0), jnp.zeros(5), M)
     with pytest.raises(ValueError, match="must divide"):
         Allocator("pcl", group_size=1).roots(jax.random.key(0), jnp.zeros(5), M)
-    with pytest.raises(ValueError, match="not M"):
-        Allocator("trace").prefixes(jax.random.key(0), TREE, M_COUNTS, 3)
+    with pytest.raises(ValueError, match="must be >= 0"):
+        Allocator("trace").prefixes(jax.random.key(0), ROOTS, M_COUNTS, -1)
     with pytest.raises(ValueError, match="sums to"):
-        Allocator("trace").prefixes(jax.random.key(0), TREE, M_COUNTS + 1, N)
+        Allocator("trace").prefixes(jax.random.key(0), ROOTS, M_COUNTS + 1, N)
     with pytest.raises(ValueError, match="max_per_anchor"):
         Allocator("trace", max_per_anchor=0)

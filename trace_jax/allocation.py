@@ -3,7 +3,7 @@
 An allocator answers two questions of a training step with budgets M (root rollouts) and N
 (continuations per root rollout) over a pool of B prompts:
   roots(key, v_pool [B], M) -> m [B]: root rollouts per prompt (sum M; `root_slots` lays them out);
-  prefixes(key, tree, m, N) -> (parent [M*N], branch_turn [M*N]): the continuation slots, filled
+  prefixes(key, roots, m, N) -> (parent [M*N], branch_turn [M*N]): the continuation slots, filled
   from the finished roots (slots [0, M) of `tree`); -1 marks a slot left unused.
 A prompt's stage-2 budget is m_i * N, spread over its valid anchors: non-final turn boundaries
 (r, t), t < num_turns[r] - 1, of its root rollouts that carry a predictor reading.
@@ -191,25 +191,26 @@ class Allocator:
             return pcl_roots(key, v_pool, num_roots, g)
         return uniform_roots(key, b, num_roots, g)
 
-    def prefixes(self, key: jax.Array, tree: Tree, m: jax.Array, num_cont: int
+    def prefixes(self, key: jax.Array, roots: Tree, m: jax.Array, num_cont: int
                  ) -> tuple[jax.Array, jax.Array]:
-        """(parent [M*N], branch_turn [M*N]) int32 continuation slots from the finished roots of tree.
+        """(parent [M*N], branch_turn [M*N]) int32 continuation slots from the finished roots.
 
-        m [B]: this step's root counts (prompt i's stage-2 budget is m_i * N); tree has M + M*N slots.
+        roots: the M root slots after stage 1. m [B]: this step's root counts, sum M (prompt i's
+        stage-2 budget is m_i * N).
         """
-        if num_cont < 0 or tree.num_slots % (1 + num_cont):
-            raise ValueError(f"tree has {tree.num_slots} slots, not M * (1 + N) for N={num_cont}")
-        num_roots = tree.num_slots // (1 + num_cont)
+        if num_cont < 0:
+            raise ValueError(f"N (continuations per root) must be >= 0, got {num_cont}")
+        num_roots = roots.num_slots
         _check_total("m", m, num_roots, exact=True)
         size = num_roots * num_cont
         if not self.uses_prefixes:
             none = jnp.full((size,), -1, jnp.int32)
             return none, none
-        valid, group = anchor_groups(tree, num_roots)
+        valid, group = anchor_groups(roots, num_roots)
         budget = m.astype(jnp.int32) * num_cont
         if self.prefix_rule == "trace":
             cap = self.max_per_anchor or max(size, 1)
-            k, _ = prefix_counts(repeat_chance(tree, num_roots), valid, group, budget, cap)
+            k, _ = prefix_counts(repeat_chance(roots, num_roots), valid, group, budget, cap)
         elif self.prefix_rule == "uniform":
             k, _ = uniform_prefix_counts(key, valid, group, budget)
         else:
