@@ -4,7 +4,7 @@ An allocator answers two questions of a training step with budgets M (root rollo
 (continuations per root rollout) over a pool of B prompts:
   roots(key, v_pool [B], M) -> m [B]: root rollouts per prompt (sum M; `root_slots` lays them out);
   prefixes(key, roots, m, N) -> (parent [M*N], branch_turn [M*N]): the continuation slots, filled
-  from the finished roots (slots [0, M) of `tree`); -1 marks a slot left unused.
+  from the M finished root slots; -1 marks a slot left unused.
 A prompt's stage-2 budget is m_i * N, spread over its valid anchors: non-final turn boundaries
 (r, t), t < num_turns[r] - 1, of its root rollouts that carry a predictor reading.
 """

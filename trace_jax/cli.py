@@ -26,6 +26,14 @@ def _sft(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from trace_jax.config import TrainConfig, load_config
+    from trace_jax.train.loop import train
+
+    train(load_config(TrainConfig, args.config, args.overrides), resume=args.resume)
+    return 0
+
+
 def _data_build(args: argparse.Namespace) -> int:
     from trace_jax.config import SFTConfig, load_config
     from trace_jax.data.hopworld_tfds import build_dataset
@@ -68,6 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
                                      "checkpoint and prints test success per hop count.")
     _add_config_args(sft)
     sft.set_defaults(func=_sft)
+
+    train = sub.add_parser("train", help="RL on HopWorld with TRACE (or a baseline allocator)",
+                           description="Train the policy with one allocator. With no arguments: the "
+                                       "project's main job, a CPU-sized TRACE run that first builds the "
+                                       "dataset and the SFT base policy if they are missing.")
+    _add_config_args(train)
+    train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in out_dir")
+    train.set_defaults(func=_train)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", metavar="NAME",
                                                                     required=True)

@@ -199,3 +199,63 @@ class SFTConfig:
             raise ValueError(f"sft.learning_rate must be positive, got {self.learning_rate}")
         if not 0 <= self.warmup_steps < self.steps:
             raise ValueError(f"sft.warmup_steps must be in [0, steps={self.steps}), got {self.warmup_steps}")
+
+
+COST_MATCHING = ("tokens", "leaves", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """RL on HopWorld with one allocator; `trace-jax train` with no arguments runs these defaults."""
+
+    world: HopWorldConfig = HopWorldConfig()
+    sft: SFTConfig = SFTConfig()  # how the base policy is built when init_checkpoint is missing
+    mesh: MeshConfig = MeshConfig()
+    allocator: str = "trace"  # grpo | pcl | random_tree | uniform_tree | trace | trace_roots_uniform_prefix | ...
+    pool_size: int = 32  # B: candidate prompts per step
+    roots: int = 16  # M: root rollouts per step
+    continuations: int = 2  # N: continuations per root rollout (tree allocators)
+    group_size: int = 4  # rollouts per chosen prompt for uniform / PCL roots
+    equal_cost: str = "tokens"  # how prefix-free allocators (grpo, pcl) size M: tokens | leaves | none
+    max_per_anchor: int = 0  # cap on continuations per anchor for TRACE prefixes (0: no cap)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    steps: int = 40
+    learning_rate: float = 2e-4
+    max_grad_norm: float = 1.0
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0  # k3 KL to the frozen base policy (0: no reference kept)
+    predictor_coef: float = 1.0  # weight of the success head's squared error in the same loss
+    eval_every: int = 20  # steps between test-split evaluations (also at start and end)
+    eval_batch: int = 128
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 3
+    seed: int = 0
+    init_checkpoint: str = "runs/hopworld_sft/checkpoints"  # built with `sft` settings if missing
+    out_dir: str = "runs/hopworld_trace"
+    data_dir: str = "artifacts/tfds"
+
+    def __post_init__(self) -> None:
+        from trace_jax.allocation import ALLOCATORS
+
+        if self.allocator not in ALLOCATORS:
+            raise ValueError(f"allocator={self.allocator!r} is not one of {sorted(ALLOCATORS)}")
+        if self.equal_cost not in COST_MATCHING:
+            raise ValueError(f"equal_cost={self.equal_cost!r} is not one of {list(COST_MATCHING)}")
+        for name in ("pool_size", "roots", "group_size", "steps", "eval_every", "eval_batch",
+                     "checkpoint_every", "keep_checkpoints"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"train.{name} must be positive, got {getattr(self, name)}")
+        if self.roots < 2:
+            raise ValueError(f"train.roots (M) must be >= 2 (a prompt needs two rollouts to contrast), got {self.roots}")
+        if self.continuations < 0 or self.max_per_anchor < 0:
+            raise ValueError("train.continuations and train.max_per_anchor must be >= 0")
+        if self.roots % self.group_size:
+            raise ValueError(f"train.group_size={self.group_size} must divide train.roots={self.roots}")
+        if self.roots // self.group_size > self.pool_size:
+            raise ValueError(f"train.roots / group_size = {self.roots // self.group_size} prompts exceeds "
+                             f"pool_size={self.pool_size}")
+        if not 0 < self.top_p <= 1 or self.temperature <= 0:
+            raise ValueError("train.temperature must be > 0 and train.top_p in (0, 1]")
+        if self.learning_rate <= 0 or self.clip_eps <= 0:
+            raise ValueError("train.learning_rate and train.clip_eps must be positive")

@@ -172,7 +172,8 @@ def expand(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, roots_fn: Roo
     tree = phases[0].tree if len(phases) == 1 else concat(phases[0].tree, phases[1].tree)
     capacity = sum(p.tree.num_slots * p.decode_steps for p in phases)
     stats = {"utilisation": sum(p.live_tokens for p in phases) / jnp.maximum(capacity, 1),
-             "decode_steps": sum(p.decode_steps for p in phases)}
+             "decode_steps": sum(p.decode_steps for p in phases),
+             "live_tokens": sum(p.live_tokens for p in phases)}
     return tree, pool_v, stats
 
 
