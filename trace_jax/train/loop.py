@@ -98,9 +98,9 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
     graphdef, params = nnx.split(model)
     params = jax.device_put(params, shd.param_shardings(params, mesh))
     tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm)
-    state = TrainState(params=params, opt_state=tx.init(params),
-                       ref_params=jax.tree.map(jnp.copy, params) if cfg.kl_coef > 0 else None,
-                       step=jnp.zeros((), jnp.int32))
+    state = jax.jit(lambda p: TrainState(  # built under jit: every leaf lands on the params' devices
+        params=p, opt_state=tx.init(p), ref_params=jax.tree.map(jnp.copy, p) if cfg.kl_coef > 0 else None,
+        step=jnp.zeros((), jnp.int32)))(params)
     ckpts = RunCheckpoints(out / "checkpoints", cfg.keep_checkpoints)
     start = 0
     if resume:

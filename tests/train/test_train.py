@@ -1,0 +1,140 @@
+"""The compiled TRACE step and the training loop: one compilation, sharding, NaN skips, exact resume."""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from trace_jax import sharding as shd
+from trace_jax.checkpoints import save_model
+from trace_jax.config import MeshConfig, TrainConfig, load_config
+from trace_jax.data.hopworld_tfds import build_dataset
+from trace_jax.data.loader import hopworld_loader
+from trace_jax.envs.hopworld import build_world
+from trace_jax.envs.hopworld.env import HopWorldEnv
+from trace_jax.envs.hopworld.vocab import VOCAB_SIZE
+from trace_jax.models import ModelConfig
+from trace_jax.train.loop import pool_of, step_spec, train
+from trace_jax.train.step import TrainState, apply_update, build_step, make_optimizer
+
+TINY = ModelConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                   num_kv_heads=1, head_dim=16, rope_theta=1e4)
+OVERRIDES = ["world.num_entities=64", "world.num_questions=120", "pool_size=4", "roots=4", "continuations=1",
+             "group_size=2", "eval_batch=16", "eval_every=100", "learning_rate=0.01"]
+
+
+@pytest.fixture(scope="module")
+def run_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    save_model(root / "base", 0, shd.init_policy(TINY, seed=0))
+    return root
+
+
+def config(root: Path, *extra: str) -> TrainConfig:
+    return load_config(TrainConfig, None, OVERRIDES + [f"init_checkpoint={root / 'base'}",
+                                                     f"data_dir={root / 'tfds'}", *extra])
+
+
+def setup_step(cfg: TrainConfig, mesh=None):
+    model = shd.init_policy(TINY, seed=0, mesh=mesh)
+    graphdef, params = nnx.split(model)
+    tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm)
+    state = TrainState(params=params, opt_state=tx.init(params), ref_params=None, step=jnp.zeros((), jnp.int32))
+    env = HopWorldEnv(build_world(cfg.world), cfg.world)
+    build_dataset(cfg.data_dir, cfg.world)
+    loader = hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed)
+    return build_step(graphdef, tx, step_spec(cfg, cfg.roots, cfg.continuations)), state, env, loader
+
+
+def test_multi_step_run_compiles_once(run_dirs):
+    cfg = config(run_dirs)
+    step_fn, state, env, loader = setup_step(cfg)
+    for step in range(3):
+        state, metrics = step_fn(state, env, pool_of(loader.batch(step)), jax.random.key(step))
+    assert step_fn._cache_size() == 1
+    assert int(state.step) == 3
+    assert metrics["leaves"] > 0 and np.isfinite(float(metrics["loss"]))
+
+
+def test_sharded_step_matches_single_device(run_dirs):
+    cfg = config(run_dirs)
+    step_fn, state, env, loader = setup_step(cfg)
+    mesh = shd.make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
+    step_sh, state_sh, _, _ = setup_step(cfg, mesh=mesh)
+    assert len(jax.tree.leaves(state_sh.params)[0].sharding.device_set) > 1
+    pool = pool_of(loader.batch(0))
+    new, metrics = step_fn(state, env, pool, jax.random.key(0))
+    new_sh, metrics_sh = step_sh(state_sh, env, pool, jax.random.key(0))
+    for key in ("reward", "loss", "predictor_loss", "generated_tokens", "effective_ratio"):
+        np.testing.assert_allclose(metrics[key], metrics_sh[key], rtol=1e-4, atol=1e-5, err_msg=key)
+    for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(new_sh.params)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_non_finite_loss_skips_the_update():
+    params = {"w": jnp.ones(3)}
+    tx = make_optimizer(0.1, 1.0)
+    state = TrainState(params=params, opt_state=tx.init(params), ref_params=None, step=jnp.zeros((), jnp.int32))
+    same, skipped = apply_update(tx, state, {"w": jnp.array([1.0, jnp.nan, 0.0])}, jnp.float32(1.0))
+    assert bool(skipped) and int(same.step) == 1
+    for a, b in zip(jax.tree.leaves((state.params, state.opt_state)), jax.tree.leaves((same.params, same.opt_state))):
+        np.testing.assert_array_equal(a, b)
+    moved, skipped = apply_update(tx, state, {"w": jnp.ones(3)}, jnp.float32(1.0))
+    assert not bool(skipped) and (np.asarray(moved.params["w"]) < 1).all()
+
+
+def test_bad_train_config_fails_before_work():
+    with pytest.raises(ValueError, match="allocator='treee'"):
+        load_config(TrainConfig, None, ["allocator=treee"])
+    with pytest.raises(ValueError, match="unknown config key 'rootz'"):
+        load_config(TrainConfig, None, ["rootz=4"])
+    with pytest.raises(ValueError, match="group_size=3 must divide"):
+        load_config(TrainConfig, None, ["group_size=3"])
+
+
+def _metrics(out: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: {k: v for k, v in r.items() if k != "step_seconds"} for r in rows}
+
+
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(run_dirs):
+    steps = ["steps=5", "checkpoint_every=1"]
+    full = config(run_dirs, *steps, f"out_dir={run_dirs / 'full'}")
+    train(full)
+
+    killed = run_dirs / "killed"
+    cmd = [sys.executable, "-m", "trace_jax.cli", "train", *OVERRIDES, *steps, f"out_dir={killed}",
+           f"init_checkpoint={run_dirs / 'base'}", f"data_dir={run_dirs / 'tfds'}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (killed / "checkpoints" / "2" / "meta").exists():
+        assert proc.poll() is None and time.time() < deadline, "training ended or hung before step 2"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = max(int(p.name) for p in (killed / "checkpoints").iterdir() if p.name.isdigit())
+    assert done < 5, "the run finished before it could be killed"
+
+    # The newest checkpoint is corrupt: resume says so and falls back to the previous one.
+    newest = killed / "checkpoints" / str(done)
+    shutil.rmtree(newest / "state")
+    resumed = config(run_dirs, *steps, f"out_dir={killed}")
+    train(resumed, resume=True)
+    a, b = _metrics(run_dirs / "full"), _metrics(killed)
+    assert sorted(b) == sorted(a) == list(range(6))
+    for step in range(done - 1, 6):
+        assert a[step] == b[step], f"step {step} differs after resume"
+
+
+def test_resume_without_checkpoints_fails_clearly(run_dirs):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        train(config(run_dirs, f"out_dir={run_dirs / 'empty'}"), resume=True)
