@@ -34,6 +34,15 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from trace_jax.config import TrainConfig, load_config
+    from trace_jax.train.compare import compare
+
+    cfg = load_config(TrainConfig, args.config, ["out_dir=runs/compare", *args.overrides])
+    compare(cfg, [a.strip() for a in args.allocators.split(",") if a.strip()])
+    return 0
+
+
 def _data_build(args: argparse.Namespace) -> int:
     from trace_jax.config import SFTConfig, load_config
     from trace_jax.data.hopworld_tfds import build_dataset
@@ -48,6 +57,21 @@ def _bench_sampler(args: argparse.Namespace) -> int:
     from trace_jax.bench import run_sampler_bench
 
     run_sampler_bench(args.checkpoint, args.batch, args.prompt_len, args.steps, args.mid_batch, args.skip_mid)
+    return 0
+
+
+def _data_show(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from trace_jax.envs.hopworld import HopWorldConfig, build_world
+    from trace_jax.envs.hopworld.expert import expert_episode, render
+
+    cfg = HopWorldConfig(seed=args.world_seed)
+    world = build_world(cfg)
+    if not 0 <= args.question < world.num_questions:
+        raise ValueError(f"--question must be in [0, {world.num_questions}), got {args.question}")
+    episode = expert_episode(world, cfg, args.question, np.random.default_rng(args.seed), args.mistake_prob)
+    print(render(episode))
     return 0
 
 
@@ -85,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in out_dir")
     train.set_defaults(func=_train)
 
+    comp = sub.add_parser("compare", help="train several allocators at equal cost and compare them",
+                          description="Train each allocator from the same base policy and seed into "
+                                      "out_dir/<allocator> (default out_dir: runs/compare), then print "
+                                      "mean reward, effective ratio, tokens and test success, and plot them.")
+    _add_config_args(comp)
+    comp.add_argument("--allocators", default="trace,grpo", help="comma-separated (default: trace,grpo)")
+    comp.set_defaults(func=_compare)
+
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", metavar="NAME",
                                                                     required=True)
     sampler = bench.add_parser("sampler", help="sampler tokens/s vs transformers; forks vs re-prefill")
@@ -103,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(build)
     build.add_argument("--data-dir", default=None, help="TFDS data dir (default: the config's data_dir)")
     build.set_defaults(func=_data_build)
+    show = data.add_parser("show", help="render a scripted expert episode of a HopWorld question")
+    show.add_argument("--question", type=int, default=11)
+    show.add_argument("--world-seed", type=int, default=0)
+    show.add_argument("--mistake-prob", type=float, default=0.6)
+    show.add_argument("--seed", type=int, default=0, help="seed of the expert's mistakes")
+    show.set_defaults(func=_data_show)
     return parser
 
 

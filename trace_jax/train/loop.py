@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -24,13 +23,16 @@ from trace_jax.data.loader import hopworld_loader
 from trace_jax.envs.hopworld import build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.evaluate import hop_success
-from trace_jax.metrics import MetricsLogger, plot_metrics
+from trace_jax.metrics import MetricsLogger, plot_metrics, read_metrics
 from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
 from trace_jax.sft import run_sft, split_questions
 from trace_jax.train.checkpoint import RunCheckpoints, abstract_state
 from trace_jax.train.step import StepSpec, TrainState, build_step, make_optimizer
+
+PLOT_KEYS = ("reward", "effective_ratio", "eval/success", "eval/success_hop1", "eval/success_hop4", "predictor_loss",
+             "root_brier", "prefix_brier", "generated_tokens", "entropy", "utilisation", "prompts")
 
 
 def base_policy(cfg: TrainConfig) -> Policy:
@@ -134,13 +136,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
                 ckpts.save(step, state, {"step": step, "roots": roots, "continuations": continuations,
                                          "loader": {"seed": cfg.seed, "step": step}, "config": to_dict(cfg)})
     ckpts.close()
-    plot = plot_metrics(out, keys=[k for k in ("reward", "effective_ratio", "eval/success", "predictor_loss",
-                                               "root_brier", "prefix_brier", "generated_tokens", "entropy")
-                                   if any(k in row for row in _rows(out))])
+    logged = {k for row in read_metrics(out) for k in row}
+    plot = plot_metrics(out, keys=[k for k in PLOT_KEYS if k in logged])
     print(f"train: metrics {out / 'metrics.jsonl'} and {out / 'tensorboard'}, plot {plot}, "
           f"checkpoints {ckpts.directory}")
     return last
-
-
-def _rows(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line]
