@@ -221,13 +221,14 @@ class TrainConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     steps: int = 40
-    learning_rate: float = 2e-4
+    learning_rate: float = 5e-5
     max_grad_norm: float = 1.0
     clip_eps: float = 0.2
     kl_coef: float = 0.0  # k3 KL to the frozen base policy (0: no reference kept)
     predictor_coef: float = 1.0  # weight of the success head's squared error in the same loss
     eval_every: int = 20  # steps between test-split evaluations (also at start and end)
     eval_batch: int = 128
+    eval_samples: int = 1  # sampled episodes per test question (more: less noisy success estimates)
     checkpoint_every: int = 10
     keep_checkpoints: int = 3
     seed: int = 0
@@ -242,7 +243,7 @@ class TrainConfig:
             raise ValueError(f"allocator={self.allocator!r} is not one of {sorted(ALLOCATORS)}")
         if self.equal_cost not in COST_MATCHING:
             raise ValueError(f"equal_cost={self.equal_cost!r} is not one of {list(COST_MATCHING)}")
-        for name in ("pool_size", "roots", "group_size", "steps", "eval_every", "eval_batch",
+        for name in ("pool_size", "roots", "group_size", "steps", "eval_every", "eval_batch", "eval_samples",
                      "checkpoint_every", "keep_checkpoints"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"train.{name} must be positive, got {getattr(self, name)}")

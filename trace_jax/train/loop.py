@@ -80,7 +80,8 @@ def equal_cost_budget(cfg: TrainConfig, graphdef, state: TrainState, env: HopWor
 
 
 def evaluate(model: Policy, env: HopWorldEnv, questions: np.ndarray, cfg: TrainConfig, step: int) -> dict[str, float]:
-    out = hop_success(model, env, questions, cfg.eval_batch, jax.random.fold_in(jax.random.key(cfg.seed + 7), step),
+    out = hop_success(model, env, np.repeat(questions, cfg.eval_samples), cfg.eval_batch,
+                      jax.random.fold_in(jax.random.key(cfg.seed + 7), step),
                       SamplingConfig(cfg.temperature, cfg.top_p))
     return {f"eval/{k}": v for k, v in out.items()}
 
