@@ -36,3 +36,9 @@ def test_bad_override_syntax_and_missing_file(tmp_path):
         parse_overrides(["steps"])
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_config(SFTConfig, tmp_path / "nope.yaml")
+
+
+def test_shipped_train_config_equals_builtin_defaults():
+    from trace_jax.config import TrainConfig
+
+    assert load_config(TrainConfig, "configs/hopworld_trace.yaml") == TrainConfig()
