@@ -146,7 +146,7 @@ def build_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: S
         new_state, skipped = apply_update(tx, state, grads, loss)
         calib = calibration_report(jnp.clip(tree.success, 0.0, 1.0), targets, weight)
         metrics = dict(rollout_metrics(tree, pool, stats), **aux, **calib, loss=loss, skipped=skipped,
-                       grad_norm=optax.global_norm(grads), pool_v=pool_v.mean(),
+                       grad_norm=optax.tree.norm(grads), pool_v=pool_v.mean(),
                        adv_abs=jnp.sum(jnp.abs(adv) * (tree.prompt >= 0)) / jnp.maximum((tree.prompt >= 0).sum(), 1))
         return new_state, metrics
 
