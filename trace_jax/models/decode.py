@@ -20,7 +20,7 @@ def prefill(model: Policy, input_ids: jax.Array, lengths: jax.Array, max_len: in
     """
     cache = KVCache.init(model.cfg, input_ids.shape[0], max_len)
     out = model(input_ids, cache=cache, num_valid=lengths)
-    last = jnp.take_along_axis(out.logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+    last = jnp.take_along_axis(out.logits, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)[:, 0]
     return last, out
 
 

@@ -24,6 +24,7 @@ from flax import nnx
 
 from trace_jax.envs.base import JaxEnv
 from trace_jax.models.cache import KVCache
+from trace_jax.models.decode import prefill as prefill_prompts
 from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.sampling import sample_tokens
 from trace_jax.rollout.tree import Tree
@@ -84,10 +85,8 @@ def _rows_where(mask: jax.Array, new: Any, old: Any) -> Any:
 def prefill(model: Policy, tokens: jax.Array, lengths: jax.Array, max_len: int
             ) -> tuple[KVCache, jax.Array, jax.Array]:
     """Right-padded prompts tokens [B, W] -> (cache, next-token logits [B, V], V~ at the end [B])."""
-    cache = KVCache.init(model.cfg, tokens.shape[0], max_len)
-    out = model(tokens, cache=cache, num_valid=lengths)
+    logits, out = prefill_prompts(model, tokens, lengths, max_len)
     last = jnp.maximum(lengths - 1, 0)[:, None]
-    logits = jnp.take_along_axis(out.logits, last[:, :, None], axis=1)[:, 0]
     return out.cache, logits, jnp.take_along_axis(out.success, last, axis=1)[:, 0]
 
 
