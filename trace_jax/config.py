@@ -157,6 +157,12 @@ def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
 
 
+def _require_positive(cfg: Any, section: str, names: Sequence[str]) -> None:
+    for name in names:
+        if getattr(cfg, name) <= 0:
+            raise ValueError(f"{section}.{name} must be positive, got {getattr(cfg, name)}")
+
+
 def _hopworld_policy() -> ModelConfig:
     """The HopWorld-sized policy: ~0.8M parameters, a CPU trains it in minutes."""
     from trace_jax.envs.hopworld.vocab import VOCAB_SIZE
@@ -188,10 +194,7 @@ class SFTConfig:
     log_every: int = 25
 
     def __post_init__(self) -> None:
-        positive = ("steps", "batch_size", "episodes", "eval_batch", "log_every")
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"sft.{name} must be positive, got {getattr(self, name)}")
+        _require_positive(self, "sft", ("steps", "batch_size", "episodes", "eval_batch", "log_every"))
         for name in ("mistake_prob", "wrong_answer_prob"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"sft.{name} must be in [0, 1], got {getattr(self, name)}")
@@ -243,10 +246,8 @@ class TrainConfig:
             raise ValueError(f"allocator={self.allocator!r} is not one of {sorted(ALLOCATORS)}")
         if self.equal_cost not in COST_MATCHING:
             raise ValueError(f"equal_cost={self.equal_cost!r} is not one of {list(COST_MATCHING)}")
-        for name in ("pool_size", "roots", "group_size", "steps", "eval_every", "eval_batch", "eval_samples",
-                     "checkpoint_every", "keep_checkpoints"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"train.{name} must be positive, got {getattr(self, name)}")
+        _require_positive(self, "train", ("pool_size", "roots", "group_size", "steps", "eval_every", "eval_batch",
+                                          "eval_samples", "checkpoint_every", "keep_checkpoints"))
         if self.roots < 2:
             raise ValueError(f"train.roots (M) must be >= 2 (a prompt needs two rollouts to contrast), got {self.roots}")
         if self.continuations < 0 or self.max_per_anchor < 0:
