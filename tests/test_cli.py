@@ -50,3 +50,19 @@ def test_export_of_a_missing_checkpoint_fails_clearly(tmp_path, capsys):
     assert main(["export", "--checkpoint", str(tmp_path / "ckpt"), "--step", "5", "--out",
                  str(tmp_path / "hf")]) == 2
     assert "available steps: [1]" in capsys.readouterr().err
+
+
+def test_data_show_renders_expert_and_policy_episodes(tmp_path, capsys):
+    from trace_jax.envs.hopworld.vocab import VOCAB_SIZE
+
+    assert main(["data", "show", "--question", "3", "--mistake-prob", "0"]) == 0
+    expert = capsys.readouterr().out
+    assert expert.startswith("<|im_start|> user") and expert.rstrip().endswith("reward: 1.0")
+    tiny = ModelConfig(vocab_size=VOCAB_SIZE, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                       num_kv_heads=1, head_dim=8, rope_theta=1e4)
+    save_model(tmp_path / "policy", 0, Policy(tiny, nnx.Rngs(0)))
+    assert main(["data", "show", "--question", "3", "--checkpoint", str(tmp_path / "policy")]) == 0
+    sampled = capsys.readouterr().out
+    assert sampled.startswith("<|im_start|> user") and "(answer: " in sampled
+    assert main(["data", "show", "--question", "99999"]) == 2
+    assert "--question must be in" in capsys.readouterr().err

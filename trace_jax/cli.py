@@ -70,6 +70,12 @@ def _data_show(args: argparse.Namespace) -> int:
     world = build_world(cfg)
     if not 0 <= args.question < world.num_questions:
         raise ValueError(f"--question must be in [0, {world.num_questions}), got {args.question}")
+    if args.checkpoint:
+        from trace_jax.checkpoints import load_model
+        from trace_jax.evaluate import render_sampled
+
+        print(render_sampled(load_model(args.checkpoint), world, cfg, args.question, args.seed))
+        return 0
     episode = expert_episode(world, cfg, args.question, np.random.default_rng(args.seed), args.mistake_prob)
     print(render(episode))
     return 0
@@ -135,11 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(build)
     build.add_argument("--data-dir", default=None, help="TFDS data dir (default: the config's data_dir)")
     build.set_defaults(func=_data_build)
-    show = data.add_parser("show", help="render a scripted expert episode of a HopWorld question")
+    show = data.add_parser("show", help="render an episode of a HopWorld question (expert, or a policy's)")
     show.add_argument("--question", type=int, default=11)
     show.add_argument("--world-seed", type=int, default=0)
     show.add_argument("--mistake-prob", type=float, default=0.6)
-    show.add_argument("--seed", type=int, default=0, help="seed of the expert's mistakes")
+    show.add_argument("--seed", type=int, default=0, help="seed of the expert's mistakes / the policy's sampling")
+    show.add_argument("--checkpoint", default=None,
+                      help="render one sampled episode of this policy checkpoint instead of the expert")
     show.set_defaults(func=_data_show)
     return parser
 

@@ -47,3 +47,23 @@ def hop_success(model: Policy, env: HopWorldEnv, question_ids: Sequence[int], ba
     for h in sorted(set(hops.tolist())):
         out[f"success_hop{h}"] = float(rewards[hops == h].mean())
     return out
+
+
+def render_sampled(model: Policy, world, cfg, question: int, seed: int) -> str:
+    """Text of one sampled episode (temperature 1) of `model` on a HopWorld question, turn by turn."""
+    from trace_jax.envs.hopworld import vocab
+
+    env = HopWorldEnv(world, cfg)
+    ids, lens = prompts(env, [question])
+    pool = Pool(tokens=jnp.asarray(ids), lengths=jnp.asarray(lens), question=jnp.asarray([question], jnp.int32))
+    tree = jax.device_get(rollout_prompts(model, env, pool, jax.random.key(seed), SamplingConfig(), protocol.PAD))
+    tokens, mask, start = tree.tokens[0].tolist(), tree.policy_mask[0], int(tree.prompt_len[0])
+    lines = [vocab.decode(tokens[:start])]
+    for end in tree.boundaries[0, : tree.num_turns[0]].tolist():
+        n_act = int(mask[start:end].sum())
+        lines.append(vocab.decode(tokens[start:start + n_act]))
+        if end > start + n_act:
+            lines.append(vocab.decode(tokens[start + n_act:end]))
+        start = end
+    lines.append(f"reward: {float(tree.reward[0])}  (answer: {world.answer_text(question)})")
+    return "\n".join(lines)

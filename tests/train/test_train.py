@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from trace_jax import sharding as shd
-from trace_jax.checkpoints import save_model
+from trace_jax.checkpoints import load_model, save_model
 from trace_jax.config import MeshConfig, TrainConfig, load_config
 from trace_jax.data.hopworld_tfds import build_dataset
 from trace_jax.data.loader import hopworld_loader
@@ -129,6 +129,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(run_dirs):
     shutil.rmtree(newest / "state")
     resumed = config(run_dirs, *steps, f"out_dir={killed}")
     train(resumed, resume=True)
+    assert load_model(killed / "policy").cfg == TINY  # the trained policy, ready for export
     a, b = _metrics(run_dirs / "full"), _metrics(killed)
     assert sorted(b) == sorted(a) == list(range(6))
     for step in range(done - 1, 6):

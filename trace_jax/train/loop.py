@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from trace_jax import sharding as shd
 from trace_jax.allocation import Allocator
-from trace_jax.checkpoints import load_model
+from trace_jax.checkpoints import load_model, save_model
 from trace_jax.config import TrainConfig, to_dict
 from trace_jax.data.hopworld_tfds import build_dataset
 from trace_jax.data.loader import hopworld_loader
@@ -137,8 +137,10 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
                 ckpts.save(step, state, {"step": step, "roots": roots, "continuations": continuations,
                                          "loader": {"seed": cfg.seed, "step": step}, "config": to_dict(cfg)})
     ckpts.close()
+    policy_dir = out / "policy"  # the trained policy alone: `trace-jax export`, `data show --checkpoint`
+    save_model(policy_dir, cfg.steps, nnx.merge(graphdef, state.params))
     logged = {k for row in read_metrics(out) for k in row}
     plot = plot_metrics(out, keys=[k for k in PLOT_KEYS if k in logged])
     print(f"train: metrics {out / 'metrics.jsonl'} and {out / 'tensorboard'}, plot {plot}, "
-          f"checkpoints {ckpts.directory}")
+          f"checkpoints {ckpts.directory}, policy {policy_dir}")
     return last
