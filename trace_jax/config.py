@@ -220,6 +220,7 @@ class TrainConfig:
     continuations: int = 2  # N: continuations per root rollout (tree allocators)
     group_size: int = 4  # rollouts per chosen prompt for uniform / PCL roots
     equal_cost: str = "tokens"  # how prefix-free allocators (grpo, pcl) size M: tokens | leaves | none
+    cost_reference: str = "trace"  # the tree allocator whose generated tokens equal_cost=tokens matches
     max_per_anchor: int = 0  # cap on continuations per anchor for TRACE prefixes (0: no cap)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -244,6 +245,9 @@ class TrainConfig:
 
         if self.allocator not in ALLOCATORS:
             raise ValueError(f"allocator={self.allocator!r} is not one of {sorted(ALLOCATORS)}")
+        if ALLOCATORS.get(self.cost_reference, ("", "none"))[1] == "none":
+            tree_allocators = sorted(k for k, (_, prefix) in ALLOCATORS.items() if prefix != "none")
+            raise ValueError(f"cost_reference={self.cost_reference!r} must be a tree allocator: {tree_allocators}")
         if self.equal_cost not in COST_MATCHING:
             raise ValueError(f"equal_cost={self.equal_cost!r} is not one of {list(COST_MATCHING)}")
         _require_positive(self, "train", ("pool_size", "roots", "group_size", "steps", "eval_every", "eval_batch",

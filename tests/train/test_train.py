@@ -1,5 +1,6 @@
 """The compiled TRACE step and the training loop: one compilation, sharding, NaN skips, exact resume."""
 
+import dataclasses
 import json
 import shutil
 import signal
@@ -139,3 +140,20 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(run_dirs):
 def test_resume_without_checkpoints_fails_clearly(run_dirs):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         train(config(run_dirs, f"out_dir={run_dirs / 'empty'}"), resume=True)
+
+
+def test_equal_cost_budgets_for_prefix_free_allocators(run_dirs):
+    from trace_jax.train.loop import equal_cost_budget
+
+    cfg = config(run_dirs, "allocator=grpo", "roots=4", "continuations=2", "pool_size=8")
+    _, state, env, loader = setup_step(config(run_dirs))
+    graphdef = nnx.graphdef(shd.init_policy(TINY, seed=0))
+    tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm)
+    pool = pool_of(hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed).batch(0))
+    assert equal_cost_budget(dataclasses.replace(cfg, equal_cost="leaves"), graphdef, state, env,
+                             pool, tx) == (12, 0)
+    roots, n = equal_cost_budget(cfg, graphdef, state, env, pool, tx)
+    # continuations start mid-episode: matching tokens costs fewer extra roots than matching leaves
+    assert n == 0 and roots % cfg.group_size == 0 and cfg.roots <= roots <= 12
+    tree_cfg = config(run_dirs, "allocator=trace", "roots=4", "continuations=2", "pool_size=8")
+    assert equal_cost_budget(tree_cfg, graphdef, state, env, pool, tx) == (4, 2)

@@ -61,21 +61,22 @@ def equal_cost_budget(cfg: TrainConfig, graphdef, state: TrainState, env: HopWor
                       tx) -> tuple[int, int]:
     """(M, N) for this run. Tree allocators use the configured budgets. Prefix-free allocators
     (grpo, pcl) get N = 0 and a larger M so their cost matches a tree run's: the same number of
-    leaves ("leaves"), or the same expected generated tokens ("tokens"), measured by one
-    uniform-tree expansion of the base policy (continuations start mid-episode, so they are cheaper)."""
+    leaves ("leaves"), or the same generated tokens ("tokens") as one expansion of the
+    `cost_reference` allocator with the base policy (continuations start mid-episode, so they are
+    cheaper than roots)."""
     alloc = Allocator(cfg.allocator, group_size=cfg.group_size)
     m, n, g = cfg.roots, cfg.continuations, cfg.group_size
     if alloc.uses_prefixes or cfg.equal_cost == "none" or n == 0:
         return m, (n if alloc.uses_prefixes else 0)
     if cfg.equal_cost == "leaves":
         return m * (1 + n), 0
-    probe = dataclasses.replace(cfg, allocator="uniform_tree")
+    probe = dataclasses.replace(cfg, allocator=cfg.cost_reference)
     _, metrics = build_step(graphdef, tx, step_spec(probe, m, n))(
         jax.tree.map(jnp.copy, state), env, pool, jax.random.key(cfg.seed + 1))
     total, per_root = int(metrics["generated_tokens"]), int(metrics["root_generated_tokens"]) / m
     roots = max(g, int(round(total / max(per_root, 1e-9) / g)) * g)
-    print(f"train: equal cost: a uniform {m}x{n} tree generates {total} tokens ({per_root:.1f} per root "
-          f"rollout); {cfg.allocator} gets M={roots} root rollouts")
+    print(f"train: equal cost: a {cfg.cost_reference} {m}x{n} tree generates {total} tokens ({per_root:.1f} "
+          f"per root rollout); {cfg.allocator} gets M={roots} root rollouts")
     return roots, 0
 
 
