@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 
 NO_READING = -1.0  # success-head reading not taken (turn never reached)
 
@@ -41,30 +40,3 @@ class Tree:
     def max_len(self) -> int:
         return self.tokens.shape[1]
 
-
-def roots(prompt_ids: jax.Array, prompt_len: jax.Array, prompt: jax.Array, question: jax.Array,
-          max_len: int, max_turns: int, pad_id: int) -> Tree:
-    """A tree of root slots holding right-padded prompts `prompt_ids` [S, P] (`prompt_len` [S])."""
-    s, p = prompt_ids.shape
-    if max_len < p:
-        raise ValueError(f"max_len={max_len} is shorter than the prompts ({p} tokens)")
-    tokens = jnp.full((s, max_len), pad_id, jnp.int32).at[:, :p].set(prompt_ids)
-    tokens = jnp.where(jnp.arange(max_len) < prompt_len[:, None], tokens, pad_id)
-    minus = jnp.full((s,), -1, jnp.int32)
-    return Tree(
-        tokens=tokens,
-        policy_mask=jnp.zeros((s, max_len), bool),
-        logprobs=jnp.zeros((s, max_len), jnp.float32),
-        length=prompt_len.astype(jnp.int32),
-        prompt_len=prompt_len.astype(jnp.int32),
-        boundaries=jnp.full((s, max_turns), -1, jnp.int32),
-        success=jnp.full((s, max_turns + 1), NO_READING, jnp.float32),
-        num_turns=jnp.zeros((s,), jnp.int32),
-        prompt=prompt.astype(jnp.int32),
-        question=question.astype(jnp.int32),
-        parent=minus,
-        branch_turn=minus,
-        done=prompt < 0,  # unused slots are inert from the start
-        reward=jnp.zeros((s,), jnp.float32),
-        model_tokens=jnp.zeros((s,), jnp.int32),
-    )
