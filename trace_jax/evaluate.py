@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
-from trace_jax.envs.hopworld import protocol
+from trace_jax.envs.hopworld import HopWorldConfig, World, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import SamplingConfig
@@ -49,7 +49,7 @@ def hop_success(model: Policy, env: HopWorldEnv, question_ids: Sequence[int], ba
     return out
 
 
-def render_sampled(model: Policy, world, cfg, question: int, seed: int) -> str:
+def render_sampled(model: Policy, world: World, cfg: HopWorldConfig, question: int, seed: int) -> str:
     """Text of one sampled episode (temperature 1) of `model` on a HopWorld question, turn by turn."""
     from trace_jax.envs.hopworld import vocab
 
