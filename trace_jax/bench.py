@@ -19,7 +19,7 @@ from flax import nnx
 from trace_jax.config import SFTConfig
 from trace_jax.envs.hopworld import HopWorldConfig, build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
-from trace_jax.evaluate import prompts
+from trace_jax.evaluate import question_pool
 from trace_jax.models import ModelConfig, Policy, save_pretrained
 from trace_jax.rollout import expand as ex
 from trace_jax.rollout.engine import SamplingConfig, TurnSpec, generate_turn, max_len, run_turns
@@ -106,10 +106,9 @@ def tree_fork_vs_reprefill(model: Policy, env: HopWorldEnv, num_prompts: int, ro
                            seed: int = 0) -> dict[str, float]:
     """Expand a tree (forks) and, back to back, the same continuations re-prefilled from scratch."""
     m = num_prompts * roots_per_prompt
-    pool = _pool(env, np.arange(num_prompts))
+    pool = question_pool(env, np.arange(num_prompts))
     slots = jnp.repeat(jnp.arange(num_prompts, dtype=jnp.int32), roots_per_prompt)
     graphdef, state = nnx.split(model)
-    spec = TurnSpec.of(env)
     sampling = SamplingConfig()
 
     @jax.jit
@@ -138,15 +137,7 @@ def tree_fork_vs_reprefill(model: Policy, env: HopWorldEnv, num_prompts: int, ro
     @jax.jit
     def reprefill(state, ro, parent, turn, keys):
         mdl = nnx.merge(graphdef, state)
-        cut = ro.tree.boundaries[parent, turn]
-        prefix = jnp.where(jnp.arange(width) < cut[:, None], ro.tree.tokens[parent, :width], protocol.PAD)
-        fresh = ex.Pool(tokens=prefix, lengths=cut, question=ro.tree.question[parent])
-        cache, logits, v = ex.prefill(mdl, fresh.tokens, fresh.lengths, width)
-        start = ex.start_roots(mdl, env, fresh, jnp.arange(parent.shape[0], dtype=jnp.int32), keys, cache,
-                               logits, v, protocol.PAD)
-        start = dataclasses.replace(start, tree=dataclasses.replace(start.tree, num_turns=turn + 1),
-                                    env_state=env.at_turn(start.env_state, turn + 1))
-        return run_turns(mdl, env, start, sampling).tree
+        return run_turns(mdl, env, ex.restart(env, mdl, ro, parent, turn, keys, width, protocol.PAD), sampling).tree
 
     fork_compile, _ = _timed(forks, state, ro, parent, turn, keys)
     fork_time, (cont, cont_util) = _timed(forks, state, ro, parent, turn, keys)
@@ -164,11 +155,6 @@ def tree_fork_vs_reprefill(model: Policy, env: HopWorldEnv, num_prompts: int, ro
         "utilisation_roots": float(ro.live_tokens / (m * ro.decode_steps)),
         "utilisation_continuations": float(cont_util),
     }
-
-
-def _pool(env: HopWorldEnv, questions: np.ndarray) -> ex.Pool:
-    ids, lens = prompts(env, questions)
-    return ex.Pool(tokens=jnp.asarray(ids), lengths=jnp.asarray(lens), question=jnp.asarray(questions, jnp.int32))
 
 
 def hopworld_policy(checkpoint: str | None) -> Policy:

@@ -26,20 +26,24 @@ def prompts(env: HopWorldEnv, question_ids: Sequence[int]) -> tuple[np.ndarray, 
     return ids, lens
 
 
+def question_pool(env: HopWorldEnv, question_ids: Sequence[int]) -> Pool:
+    """A rollout pool of HopWorld questions: their padded prompts, lengths and ids."""
+    ids, lens = prompts(env, question_ids)
+    return Pool(tokens=jnp.asarray(ids), lengths=jnp.asarray(lens), question=jnp.asarray(question_ids, jnp.int32))
+
+
 def hop_success(model: Policy, env: HopWorldEnv, question_ids: Sequence[int], batch: int,
                 key: jax.Array, sampling: SamplingConfig, progress: bool = True) -> dict[str, float]:
     """One sampled episode per question; returns {'success': mean, 'success_hop{h}': mean, ...}."""
     question_ids = np.asarray(question_ids, np.int32)
-    ids, lens = prompts(env, question_ids)
     rewards = []
     for i, lo in enumerate(tqdm(range(0, len(question_ids), batch), desc="eval", leave=False,
                                 disable=not progress)):
         n = min(batch, len(question_ids) - lo)
         pad = batch - n  # fixed slot count: one compilation; padded slots repeat row 0, ignored
         rows = np.concatenate([np.arange(lo, lo + n), np.full(pad, lo)])
-        pool = Pool(tokens=jnp.asarray(ids[rows]), lengths=jnp.asarray(lens[rows]),
-                    question=jnp.asarray(question_ids[rows]))
-        tree = rollout_prompts(model, env, pool, jax.random.fold_in(key, i), sampling, protocol.PAD)
+        tree = rollout_prompts(model, env, question_pool(env, question_ids[rows]), jax.random.fold_in(key, i),
+                               sampling, protocol.PAD)
         rewards.append(np.asarray(tree.reward)[:n])
     rewards = np.concatenate(rewards)
     hops = np.asarray(env.world.hops)[question_ids]
@@ -54,9 +58,8 @@ def render_sampled(model: Policy, world: World, cfg: HopWorldConfig, question: i
     from trace_jax.envs.hopworld import vocab
 
     env = HopWorldEnv(world, cfg)
-    ids, lens = prompts(env, [question])
-    pool = Pool(tokens=jnp.asarray(ids), lengths=jnp.asarray(lens), question=jnp.asarray([question], jnp.int32))
-    tree = jax.device_get(rollout_prompts(model, env, pool, jax.random.key(seed), SamplingConfig(), protocol.PAD))
+    tree = jax.device_get(rollout_prompts(model, env, question_pool(env, [question]), jax.random.key(seed),
+                                          SamplingConfig(), protocol.PAD))
     tokens, mask, start = tree.tokens[0].tolist(), tree.policy_mask[0], int(tree.prompt_len[0])
     lines = [vocab.decode(tokens[:start])]
     for end in tree.boundaries[0, : tree.num_turns[0]].tolist():

@@ -8,10 +8,10 @@ import pytest
 from trace_jax.envs.hopworld import HopWorldConfig, build_world, protocol, reference
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.envs.hopworld.vocab import VOCAB_SIZE
-from trace_jax.evaluate import prompts
+from trace_jax.evaluate import question_pool
 from trace_jax.models import ModelConfig
 from trace_jax.rollout.engine import SamplingConfig
-from trace_jax.rollout.expand import Pool, rollout_prompts
+from trace_jax.rollout.expand import rollout_prompts
 from trace_jax.rollout.sampling import sample_tokens
 from trace_jax.sharding import init_policy
 
@@ -25,13 +25,9 @@ def setup():
     env = HopWorldEnv(build_world(wcfg), wcfg)
     model = init_policy(CFG, seed=0)
     questions = np.arange(8)
-    tree = rollout_prompts(model, env, _pool(env, questions), jax.random.key(0), SamplingConfig(), protocol.PAD)
+    tree = rollout_prompts(model, env, question_pool(env, questions), jax.random.key(0), SamplingConfig(),
+                           protocol.PAD)
     return env, model, questions, jax.device_get(tree)
-
-
-def _pool(env, questions) -> Pool:
-    ids, lens = prompts(env, questions)
-    return Pool(tokens=jnp.asarray(ids), lengths=jnp.asarray(lens), question=jnp.asarray(questions))
 
 
 def test_episodes_replay_identically_in_the_reference_env(setup):
@@ -74,7 +70,8 @@ def test_success_readings_exist_exactly_where_turns_were_observed(setup):
 
 def test_same_key_same_rollout_and_logprobs_match_the_model(setup):
     env, model, questions, tree = setup
-    again = rollout_prompts(model, env, _pool(env, questions), jax.random.key(0), SamplingConfig(), protocol.PAD)
+    again = rollout_prompts(model, env, question_pool(env, questions), jax.random.key(0), SamplingConfig(),
+                            protocol.PAD)
     np.testing.assert_array_equal(again.tokens, tree.tokens)
     # Sampled log-probs equal a fresh full forward over the finished sequences.
     logits = model(jnp.asarray(tree.tokens)).logits

@@ -1,6 +1,5 @@
 """Tree expansion: forks copy instead of recomputing, continuations replay fresh rollouts, static shapes."""
 
-import dataclasses
 import functools
 
 import jax
@@ -16,7 +15,7 @@ from trace_jax.config import MeshConfig
 from trace_jax.envs.hopworld import HopWorldConfig, build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.envs.hopworld.vocab import VOCAB_SIZE
-from trace_jax.evaluate import prompts
+from trace_jax.evaluate import question_pool
 from trace_jax.models import ModelConfig
 from trace_jax.rollout import expand as ex
 from trace_jax.rollout.engine import SamplingConfig, run_turns
@@ -38,11 +37,6 @@ def env():
 @pytest.fixture(scope="module")
 def model():
     return init_policy(CFG, seed=0)
-
-
-def make_pool(env, questions) -> ex.Pool:
-    ids, lens = prompts(env, questions)
-    return ex.Pool(tokens=jnp.asarray(ids), lengths=jnp.asarray(lens), question=jnp.asarray(questions, jnp.int32))
 
 
 def two_roots_each(key, v):
@@ -80,7 +74,7 @@ def _fork_phase(graphdef, state, env, roots, parent, branch_turn, keys):
 
 
 def test_fork_processes_only_new_tokens(env, model):
-    pool = make_pool(env, np.arange(B))
+    pool = question_pool(env, np.arange(B))
     tree, _, _ = ex.expand_tree(model, env, pool, jax.random.key(0), two_roots_each, random_anchors, SAMPLING,
                              protocol.PAD)
     tree = jax.device_get(tree)
@@ -99,7 +93,7 @@ def test_fork_processes_only_new_tokens(env, model):
 
 def test_forked_continuation_equals_fresh_rollout_of_its_prefix(env, model):
     state = nnx.split(model)
-    pool = make_pool(env, np.arange(B))
+    pool = question_pool(env, np.arange(B))
     roots = _roots_phase(*state, env, pool, jnp.repeat(jnp.arange(B, dtype=jnp.int32), M // B),
                          jax.random.key(1))
     rt = jax.device_get(roots.tree)
@@ -113,14 +107,7 @@ def test_forked_continuation_equals_fresh_rollout_of_its_prefix(env, model):
 
     # Fresh: the prefix becomes a prompt that is prefilled from scratch; same per-slot keys.
     n = len(anchors)
-    cut = rt.boundaries[parent[:n], turn[:n]]
-    width = int(cut.max())
-    prefix = np.full((M, width), protocol.PAD, np.int32)
-    for i in range(n):
-        prefix[i, : cut[i]] = rt.tokens[parent[i], : cut[i]]
-    fresh_pool = ex.Pool(tokens=jnp.asarray(prefix), lengths=jnp.asarray(np.r_[cut, np.ones(M - n, np.int32)]),
-                         question=jnp.asarray(rt.question[np.maximum(parent, 0)]))
-    fresh = jax.device_get(_fresh(*state, env, fresh_pool, jnp.asarray(turn + 1), keys))
+    fresh = jax.device_get(_fresh(*state, env, roots, jnp.asarray(parent[:n]), jnp.asarray(turn[:n]), keys[:n]))
     for i in range(n):
         length = int(forked.length[i])
         assert length == int(fresh.length[i])
@@ -129,13 +116,9 @@ def test_forked_continuation_equals_fresh_rollout_of_its_prefix(env, model):
 
 
 @functools.partial(jax.jit, static_argnames="graphdef")
-def _fresh(graphdef, state, env, pool, turns, keys):
+def _fresh(graphdef, state, env, roots, parent, turn, keys):
     model = nnx.merge(graphdef, state)
-    cache, logits, v = ex.prefill(model, pool.tokens, pool.lengths, pool.tokens.shape[1])
-    ro = ex.start_roots(model, env, pool, jnp.arange(pool.tokens.shape[0], dtype=jnp.int32), keys, cache,
-                        logits, v, protocol.PAD)
-    tree = dataclasses.replace(ro.tree, num_turns=turns)
-    ro = dataclasses.replace(ro, tree=tree, env_state=env.at_turn(ro.env_state, turns))
+    ro = ex.restart(env, model, roots, parent, turn, keys, roots.tree.max_len, protocol.PAD)
     return run_turns(model, env, ro, SAMPLING).tree
 
 
@@ -146,7 +129,7 @@ def test_tree_invariants_under_random_allocations(env, model, data):
     counts = data.draw(st.lists(st.integers(0, M), min_size=B, max_size=B).filter(lambda c: sum(c) == M)
                        | st.just([M, 0, 0, 0]))
     prompt_of_slot = np.repeat(np.arange(B), counts).astype(np.int32)
-    pool = make_pool(env, np.array(data.draw(st.lists(st.integers(0, 39), min_size=B, max_size=B))))
+    pool = question_pool(env, np.array(data.draw(st.lists(st.integers(0, 39), min_size=B, max_size=B))))
     roots = _roots_phase(*state, env, pool, jnp.asarray(prompt_of_slot), jax.random.key(data.draw(st.integers(0, 99))))
     rt = jax.device_get(roots.tree)
     anchors = [(s, t) for s in range(M) for t in range(int(rt.num_turns[s]) - 1)]
@@ -188,7 +171,7 @@ def test_tree_invariants_under_random_allocations(env, model, data):
 def test_expansion_compiles_once_for_ten_steps(env, model):
     before = ex._expand_jit._cache_size()
     for step in range(10):
-        pool = make_pool(env, np.arange(step, step + B))
+        pool = question_pool(env, np.arange(step, step + B))
         tree, _, _ = ex.expand_tree(model, env, pool, jax.random.key(step), two_roots_each, random_anchors,
                                  SAMPLING, protocol.PAD)
     jax.block_until_ready(tree)
@@ -196,7 +179,7 @@ def test_expansion_compiles_once_for_ten_steps(env, model):
 
 
 def test_sharded_slots_give_the_same_tree(env, model):
-    pool = make_pool(env, np.arange(B))
+    pool = question_pool(env, np.arange(B))
     single, _, _ = ex.expand_tree(model, env, pool, jax.random.key(5), two_roots_each, random_anchors, SAMPLING,
                                protocol.PAD)
     mesh = shd.make_mesh(MeshConfig(data=-1, fsdp=1, tensor=1), jax.devices()[:4])
@@ -211,7 +194,7 @@ def test_sharded_slots_give_the_same_tree(env, model):
 
 
 def test_degenerate_budgets(env, model):
-    pool = make_pool(env, np.arange(B))
+    pool = question_pool(env, np.arange(B))
     one_prompt = lambda key, v: jnp.zeros((M,), jnp.int32)  # noqa: E731  a prompt given every slot
     tree, _, _ = ex.expand_tree(model, env, pool, jax.random.key(2), one_prompt, ex.no_prefixes, SAMPLING,
                              protocol.PAD)  # N = 0
@@ -232,7 +215,7 @@ def test_degenerate_budgets(env, model):
 
 def test_impossible_allocations_fail_clearly(env, model):
     state = nnx.split(model)
-    pool = make_pool(env, np.arange(B))
+    pool = question_pool(env, np.arange(B))
     cache, logits, v = ex.prefill(model, pool.tokens, pool.lengths, pool.tokens.shape[1])
     with pytest.raises(ValueError, match="prompt_of_slot has entries outside"):
         ex.start_roots(model, env, pool, jnp.array([0, 1, 9, 2]), jax.random.split(jax.random.key(0), 4),

@@ -144,6 +144,26 @@ def fork(env: JaxEnv, model: Policy, roots: Rollout, parent: jax.Array, branch_t
     )
 
 
+def restart(env: JaxEnv, model: Policy, roots: Rollout, parent: jax.Array, branch_turn: jax.Array,
+            keys: jax.Array, width: int, pad_id: int) -> Rollout:
+    """What `fork` avoids: the same continuations, each prefix prefilled from scratch as a prompt.
+
+    Slot i restarts after turn branch_turn[i] of root parent[i] (all >= 0); width: static prefix
+    width >= every prefix length. With the same keys it samples what `fork` samples (the baseline
+    of `trace-jax bench sampler`, and the reference the fork test compares against).
+    """
+    rt = roots.tree
+    cut = rt.boundaries[parent, branch_turn]
+    prefix = jnp.where(jnp.arange(width) < cut[:, None], rt.tokens[parent, :width], pad_id)
+    pool = Pool(tokens=prefix, lengths=cut, question=rt.question[parent])
+    cache, logits, v = prefill(model, pool.tokens, pool.lengths, width)
+    ro = start_roots(model, env, pool, jnp.arange(parent.shape[0], dtype=jnp.int32), keys, cache, logits, v,
+                     pad_id)
+    turns = branch_turn + 1
+    return dataclasses.replace(ro, tree=dataclasses.replace(ro.tree, num_turns=turns),
+                               env_state=env.at_turn(ro.env_state, turns))
+
+
 def concat(a: Tree, b: Tree) -> Tree:
     return jax.tree.map(lambda x, y: jnp.concatenate([x, y]), a, b)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any
 
 import jax
 import jax.numpy as jnp
