@@ -12,6 +12,11 @@ from trace_jax.models.cache import KVCache
 from trace_jax.models.qwen3 import ModelOutput, Policy
 
 
+def at_rows(x: jax.Array, index: jax.Array) -> jax.Array:
+    """x [B, T, ...] read at one position per row, index [B] -> [B, ...]."""
+    return x[jnp.arange(x.shape[0]), index]
+
+
 def prefill(model: Policy, input_ids: jax.Array, lengths: jax.Array, max_len: int,
             ) -> tuple[jax.Array, ModelOutput]:
     """Run right-padded prompts `input_ids` [B, T] (`lengths` [B] real tokens) into a fresh cache.
@@ -20,8 +25,7 @@ def prefill(model: Policy, input_ids: jax.Array, lengths: jax.Array, max_len: in
     """
     cache = KVCache.init(model.cfg, input_ids.shape[0], max_len)
     out = model(input_ids, cache=cache, num_valid=lengths)
-    last = jnp.take_along_axis(out.logits, jnp.maximum(lengths - 1, 0)[:, None, None], axis=1)[:, 0]
-    return last, out
+    return at_rows(out.logits, jnp.maximum(lengths - 1, 0)), out
 
 
 def decode_step(model: Policy, tokens: jax.Array, cache: KVCache) -> ModelOutput:

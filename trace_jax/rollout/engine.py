@@ -24,7 +24,7 @@ from flax import nnx
 
 from trace_jax.envs.base import JaxEnv
 from trace_jax.models.cache import KVCache
-from trace_jax.models.decode import prefill as prefill_prompts
+from trace_jax.models.decode import at_rows, prefill as prefill_prompts
 from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.sampling import sample_tokens
 from trace_jax.rollout.tree import Tree
@@ -86,8 +86,7 @@ def prefill(model: Policy, tokens: jax.Array, lengths: jax.Array, max_len: int
             ) -> tuple[KVCache, jax.Array, jax.Array]:
     """Right-padded prompts tokens [B, W] -> (cache, next-token logits [B, V], V~ at the end [B])."""
     logits, out = prefill_prompts(model, tokens, lengths, max_len)
-    last = jnp.maximum(lengths - 1, 0)[:, None]
-    return out.cache, logits, jnp.take_along_axis(out.success, last, axis=1)[:, 0]
+    return out.cache, logits, at_rows(out.success, jnp.maximum(lengths - 1, 0))
 
 
 def generate_turn(model: Policy, ro: Rollout, spec: TurnSpec, sampling: SamplingConfig
@@ -140,12 +139,11 @@ def append_observation(model: Policy, ro: Rollout, obs: jax.Array, obs_len: jax.
     pos = jnp.where(jnp.arange(width) < obs_len[:, None], tree.length[:, None] + jnp.arange(width),
                     tree.max_len)
     out = model(obs, cache=ro.cache, num_valid=obs_len)
-    last = jnp.maximum(obs_len - 1, 0)[:, None]
+    last = jnp.maximum(obs_len - 1, 0)
     has_obs = obs_len > 0
-    logits = jnp.where(has_obs[:, None], jnp.take_along_axis(out.logits, last[:, :, None], axis=1)[:, 0],
-                       ro.logits)
-    reading = jnp.take_along_axis(out.success, last, axis=1)[:, 0]
-    hidden = jnp.take_along_axis(out.hidden, last[:, :, None], axis=1)[:, 0]  # [S, D]
+    logits = jnp.where(has_obs[:, None], at_rows(out.logits, last), ro.logits)
+    reading = at_rows(out.success, last)
+    hidden = at_rows(out.hidden, last)  # [S, D]
     turn = jnp.where(live, tree.num_turns, tree.boundaries.shape[1])  # out of range -> dropped
     rows = jnp.arange(tree.num_slots)
     length = tree.length + obs_len
