@@ -1,6 +1,8 @@
 """HF checkpoint import/export: round trips, sharded files, and clear errors on bad checkpoints."""
 
+import dataclasses
 import json
+import re
 import shutil
 
 import jax.numpy as jnp
@@ -59,6 +61,41 @@ def test_model_config_round_trips_through_hf_dict():
     cfg = ModelConfig(vocab_size=11, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2,
                       num_kv_heads=1, head_dim=8, tie_word_embeddings=True, rope_theta=5e5)
     assert ModelConfig.from_hf_dict(cfg.to_hf_dict()) == cfg
+
+
+def test_jnp_dtype_loads_like_its_name(good_ckpt):
+    by_name, by_dtype = from_pretrained(good_ckpt, dtype="bfloat16"), from_pretrained(good_ckpt, dtype=jnp.bfloat16)
+    assert by_dtype.cfg == by_name.cfg and by_dtype.cfg.param_dtype == by_dtype.cfg.dtype == "bfloat16"
+    a, b = _params(by_name), _params(by_dtype)
+    assert a.keys() == b.keys()
+    for path in a:
+        assert b[path].dtype == a[path].dtype == (jnp.float32 if path[0].startswith("success") else jnp.bfloat16)
+        np.testing.assert_array_equal(a[path], b[path], err_msg=str(path))
+
+
+SMALL = ModelConfig(vocab_size=11, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                    head_dim=8)
+
+
+def test_model_config_dtypes_are_stored_by_name():
+    spellings = ["bfloat16", jnp.bfloat16, np.dtype(jnp.bfloat16), jnp.dtype("bfloat16")]
+    configs = [dataclasses.replace(SMALL, param_dtype=d, dtype=d) for d in spellings]
+    configs.append(SMALL.with_dtype(jnp.bfloat16))
+    assert all(c == configs[0] and hash(c) == hash(configs[0]) for c in configs)
+    assert configs[1].param_dtype == configs[1].dtype == "bfloat16" and configs[1].jnp_dtype == jnp.bfloat16
+    assert dataclasses.replace(SMALL, dtype=np.float32) == SMALL and SMALL.dtype == "float32"
+    assert json.loads(json.dumps(dataclasses.asdict(configs[1])))["param_dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("bad", [jnp.int32, "fp8", "bf16", np.float64])
+def test_unknown_dtype_is_refused_by_name(tmp_path, bad):
+    allowed = r"\['bfloat16', 'float16', 'float32'\]"
+    with pytest.raises(ValueError, match=rf"param_dtype={re.escape(repr(bad))} is not a supported dtype.*{allowed}"):
+        dataclasses.replace(SMALL, param_dtype=bad)
+    with pytest.raises(ValueError, match=rf"with_dtype: dtype={re.escape(repr(bad))}.*{allowed}"):
+        SMALL.with_dtype(bad)
+    with pytest.raises(ValueError, match=rf"from_pretrained: dtype={re.escape(repr(bad))}.*{allowed}"):
+        from_pretrained(tmp_path / "not-read", dtype=bad)  # refused before any file is read
 
 
 @pytest.fixture

@@ -8,15 +8,36 @@ from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
+from jax.typing import DTypeLike
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def dtype_name(dtype: DTypeLike, what: str = "dtype") -> str:
+    """The canonical name in DTYPES of `dtype`: one of those names, or a jnp / numpy dtype such as jnp.bfloat16.
+
+    `what` names the argument in the error raised for anything else.
+    """
+    if isinstance(dtype, str):
+        name = dtype
+    else:
+        try:
+            name = np.dtype(dtype).name
+        except (TypeError, ValueError):
+            name = None
+    if name not in DTYPES:
+        raise ValueError(f"{what}={dtype!r} is not a supported dtype; use one of {sorted(DTYPES)} or the "
+                         "matching jnp / numpy dtype (e.g. jnp.bfloat16)")
+    return name
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Hyperparameters of a Qwen3 decoder plus the dtypes we run it in.
 
-    `param_dtype` is the storage dtype of the weights, `dtype` the compute dtype of activations.
+    `param_dtype` is the storage dtype of the weights, `dtype` the compute dtype of activations. Both accept a
+    name in DTYPES or a jnp / numpy dtype, and are stored as the name, so equal dtypes give equal configs.
     """
 
     vocab_size: int
@@ -43,9 +64,7 @@ class ModelConfig:
             raise ValueError(f"model config: num_heads ({self.num_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads})")
         for name in ("param_dtype", "dtype"):
-            if getattr(self, name) not in DTYPES:
-                raise ValueError(f"model config: {name}={getattr(self, name)!r} is not one of "
-                                 f"{sorted(DTYPES)}")
+            object.__setattr__(self, name, dtype_name(getattr(self, name), f"model config: {name}"))
 
     @property
     def jnp_param_dtype(self) -> Any:
@@ -55,12 +74,15 @@ class ModelConfig:
     def jnp_dtype(self) -> Any:
         return DTYPES[self.dtype]
 
-    def with_dtype(self, dtype: str | None) -> "ModelConfig":
-        """A copy whose params and compute both use `dtype` (None keeps the current ones)."""
-        return self if dtype is None else dataclasses.replace(self, param_dtype=dtype, dtype=dtype)
+    def with_dtype(self, dtype: DTypeLike | None) -> ModelConfig:
+        """A copy whose params and compute both use `dtype`, a name or jnp / numpy dtype (None: unchanged)."""
+        if dtype is None:
+            return self
+        name = dtype_name(dtype, "with_dtype: dtype")
+        return dataclasses.replace(self, param_dtype=name, dtype=name)
 
     @classmethod
-    def from_hf_dict(cls, hf: dict[str, Any], source: str = "config.json") -> "ModelConfig":
+    def from_hf_dict(cls, hf: dict[str, Any], source: str = "config.json") -> ModelConfig:
         """Build from an HF Qwen3 config dict; reject what this implementation does not support."""
         model_type = hf.get("model_type")
         archs = hf.get("architectures") or []
@@ -98,7 +120,7 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_hf_dir(cls, hf_dir: str | Path) -> "ModelConfig":
+    def from_hf_dir(cls, hf_dir: str | Path) -> ModelConfig:
         path = Path(hf_dir) / "config.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no config.json; expected an HF checkpoint directory "

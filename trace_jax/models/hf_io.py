@@ -13,10 +13,11 @@ from pathlib import Path
 import jax
 import numpy as np
 from flax import nnx
+from jax.typing import DTypeLike
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from trace_jax.models.config import ModelConfig
+from trace_jax.models.config import ModelConfig, dtype_name
 from trace_jax.models.qwen3 import Policy
 
 SUCCESS_HEAD_FILE = "success_head.safetensors"
@@ -28,8 +29,8 @@ Entry = tuple[Path_, str, Callable[[np.ndarray], np.ndarray], Callable[[np.ndarr
 def _weight_map(cfg: ModelConfig) -> Iterator[Entry]:
     """Every parameter of `Policy` with its HF name and layout conversions."""
     d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    same = lambda a: a  # noqa: E731
-    transpose = lambda a: a.T  # noqa: E731
+    same = lambda a: a
+    transpose = lambda a: a.T
     yield ("embed_tokens",), "model.embed_tokens.weight", same, same
     for i in range(cfg.num_layers):
         hf, ours = f"model.layers.{i}", ("layers", i)
@@ -71,7 +72,7 @@ def _weight_files(hf_dir: Path) -> dict[str, Path]:
             raise ValueError(f"{index}: not a valid safetensors index (needs a 'weight_map'): {e}") from e
         return {name: hf_dir / fname for name, fname in weight_map.items()}
     if single.is_file():
-        return {name: single for name in _open(single).keys()}
+        return {name: single for name in _open(single).keys()}  # noqa: SIM118  (safetensors handle, not a dict)
     raise FileNotFoundError(f"{hf_dir}: no model.safetensors or model.safetensors.index.json; "
                             "expected HF safetensors weights beside config.json")
 
@@ -121,17 +122,18 @@ def _load_into(flat_abstract: dict, entries: list[Entry], files: dict[str, Path]
     return out
 
 
-def from_pretrained(hf_dir: str | Path, *, dtype: str | None = None, mesh: jax.sharding.Mesh | None = None,
+def from_pretrained(hf_dir: str | Path, *, dtype: DTypeLike | None = None, mesh: jax.sharding.Mesh | None = None,
                     rules=None) -> Policy:
     """Load a local HF Qwen3 checkpoint directory into a `Policy`.
 
-    dtype: "float32" | "bfloat16" for params and compute (default: float32).
+    dtype: params and compute dtype, "float32" | "bfloat16" | "float16" or the jnp / numpy dtype (default: float32).
     mesh: if given, each tensor is placed on its NamedSharding from `trace_jax.sharding`.
     """
     from trace_jax import sharding as shd
 
+    name = None if dtype is None else dtype_name(dtype, "from_pretrained: dtype")
     hf_dir = Path(hf_dir)
-    cfg = ModelConfig.from_hf_dir(hf_dir).with_dtype(dtype)
+    cfg = ModelConfig.from_hf_dir(hf_dir).with_dtype(name)
     abstract_model = nnx.eval_shape(lambda: Policy(cfg, nnx.Rngs(0)))
     graphdef, abstract = nnx.split(abstract_model)
     flat_abstract = dict(nnx.to_flat_state(abstract))
