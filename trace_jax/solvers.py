@@ -1,8 +1,8 @@
 """Exact budget solvers of TRACE's two allocation stages, with static shapes (jit-able).
 
 Stage 1 (`root_counts`): give prompt i m_i in {0} ∪ [2, M] root rollouts, sum m_i = M, maximising
-sum_i 1 - v_i^m_i - (1 - v_i)^m_i. Stage 2 (`prefix_counts`): spread each group's budget over its
-anchors, maximising sum 1 - q^K.
+sum_i 1 - v_i^m_i - (1 - v_i)^m_i, by a max-plus DP over prompts. Stage 2 (`prefix_counts`): spread
+each group's budget over its anchors, maximising sum 1 - q^K, by a per-group top-k of marginal gains.
 """
 
 from __future__ import annotations
@@ -11,108 +11,59 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Largest per-prompt deviation from the Lagrangian solution an optimal stage-1 solution needs
-# (proof in `_repair_deviations`).
-_MAX_DEV = 4
-
 
 def concrete(x: jax.Array) -> np.ndarray | None:
     """x as a NumPy array when its value is known (outside jit), else None."""
     return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
 
 
-def _unit_gains(v: jax.Array, num_units: int) -> jax.Array:
-    """[B, num_units] gains of the concave envelope of the stage-1 objective, unit by unit.
+def _stage1_values(v: jax.Array, num_roots: int) -> jax.Array:
+    """[B, M+1] value f_i(m) = 1 - v_i^m - (1-v_i)^m of m = 0..M roots; f(0) = 0, f(1) = -inf (forbidden).
 
-    The opening pair is worth 2 v (1-v); splitting it evenly gives units 1 and 2 the value c = v (1-v),
-    equal to unit 3's true gain, after which gains v^m (1-v) + (1-v)^m v (m = 2, 3, ...) decrease.
-    The envelope h equals the objective everywhere except at m = 1 (h(1) = c, true value 0).
+    f is symmetric in v <-> 1-v; with w = min(v, 1-v) it is -expm1(m log1p(-w)) - w^m, accurate in float32
+    even for w near 0 (no cancellation of 1 - (1-w)^m). NaN v counts as 0.
     """
-    v = jnp.clip(v, 0.0, 1.0)[:, None]
-    c = v * (1.0 - v)
-    m = jnp.arange(2, num_units, dtype=v.dtype)
-    later = v ** m * (1.0 - v) + (1.0 - v) ** m * v
-    return jnp.concatenate([c, c, later], axis=1)[:, :num_units]
-
-
-def _lagrangian_counts(units: jax.Array, budget: int) -> tuple[jax.Array, jax.Array]:
-    """Counts g [B] (no 1s, sum in {budget-1, budget}) maximising the envelope at threshold tau.
-
-    tau is the budget-th largest unit: every prompt takes all units above tau and, in prompt order,
-    units equal to tau until the budget is met. A prompt left holding exactly one tied unit (u_1 = tau)
-    drops it, so sum g = budget - 1 at worst. Returns (g, tau).
-    """
-    tau = jax.lax.top_k(units.reshape(-1), budget)[0][-1]
-    lo = (units > tau).sum(1)
-    ties = (units >= tau).sum(1) - lo
-    before = jnp.cumsum(ties) - ties
-    g = lo + jnp.clip(budget - lo.sum() - before, 0, ties)
-    return jnp.where(g == 1, 0, g).astype(jnp.int32), tau
-
-
-def _deviation_costs(units: jax.Array, g: jax.Array, tau: jax.Array) -> jax.Array:
-    """[B, 2D+1] loss of moving prompt i from g_i to g_i + d (d in [-D, D]); inf if infeasible.
-
-    Loss = tau d - (h(g+d) - h(g)) >= 0: units added are worth <= tau, units removed >= tau.
-    """
-    b, num_units = units.shape
-    d = _MAX_DEV
-    cols = g[:, None] + jnp.arange(-d, d)  # unit indices g-D .. g+D-1 (0-based)
-    window = jnp.take_along_axis(units, jnp.clip(cols, 0, num_units - 1), axis=1)
-    gap = tau - window  # [B, 2D] >= 0 right of g, <= 0 left of g
-    right = jnp.cumsum(gap[:, d:], axis=1)  # d = 1..D
-    left = jnp.cumsum(-gap[:, :d][:, ::-1], axis=1)[:, ::-1]  # d = -D..-1
-    cost = jnp.concatenate([left, jnp.zeros((b, 1), units.dtype), right], axis=1)
-    new = g[:, None] + jnp.arange(-d, d + 1)
-    feasible = (new >= 0) & (new <= num_units) & (new != 1)
-    return jnp.where(feasible, jnp.maximum(cost, 0.0), jnp.inf)
-
-
-def _repair_deviations(cost: jax.Array, target: jax.Array) -> jax.Array:
-    """Deviations d [B] with sum d = target (0 or 1) and minimal total cost: a DP over prompts.
-
-    Why |d_i| <= D = 4 suffices: costs are convex in d with minimum 0 at d = 0, so moving a positive
-    and a negative deviation towards 0 by the same amount never costs more. Take an optimal d with
-    least sum |d|; P = sum of positive parts, E = sum of negative parts, P = E + target. If P >= 4,
-    the positive parts can shrink by exactly 2 without landing on count 1 (every positive part can
-    shrink by 1 or by 2 on its own), and if E >= 4 the negative parts can grow by exactly 2 likewise,
-    so P >= 4 and E >= 4 would contradict minimality: E <= 3, P <= 4, every prefix sum is in [-4, 4].
-    """
-    d = _MAX_DEV
-    width = 2 * d + 1
-    shift = jnp.arange(width)[:, None] - jnp.arange(width)[None, :]  # [state', state] = d_i
-    choice_ok = jnp.abs(shift) <= d
-
-    def step(dp, cost_i):
-        total = jnp.where(choice_ok, dp[None, :] + cost_i[jnp.clip(shift + d, 0, width - 1)], jnp.inf)
-        return total.min(1), total.argmin(1)  # best previous state for each new state
-
-    start = jnp.full((width,), jnp.inf).at[d].set(0.0)
-    _, prev = jax.lax.scan(step, start, cost)
-
-    def back(state, prev_i):
-        before = prev_i[state]
-        return before, state - before
-
-    _, dev = jax.lax.scan(back, (target + d).astype(jnp.int32), prev, reverse=True)
-    return dev.astype(jnp.int32)
+    v = jnp.clip(jnp.nan_to_num(v.astype(jnp.float32)), 0.0, 1.0)[:, None]
+    w = jnp.minimum(v, 1.0 - v)  # [B, 1]
+    m = jnp.arange(num_roots + 1, dtype=jnp.float32)
+    f = -jnp.expm1(m * jnp.log1p(-w)) - w ** m
+    return jnp.where(m == 0, 0.0, jnp.where(m == 1, -jnp.inf, f))
 
 
 def root_counts(v: jax.Array, num_roots: int) -> jax.Array:
     """Stage 1, exact: m [B] int32 maximising sum_i 1 - v_i^m_i - (1-v_i)^m_i, sum m = M, no m_i = 1.
 
-    v [B]: predicted success rates of the pool's prompts (clipped to [0, 1]); num_roots = M.
-    Solves the concave envelope by a top-M over unit gains (Lagrangian threshold tau), then makes it
-    feasible (no m_i = 1) exactly with a DP over bounded per-prompt deviations: O(B M) memory.
+    v [B]: predicted success rates of the pool's prompts (clipped to [0, 1]); num_roots = M (static).
+    Max-plus DP over prompts (`lax.scan`): best[j] = best value spending exactly j roots on prompts < i,
+    best'[j] = max over m in {0} ∪ [2, j] of best[j - m] + f_i(m). A reverse scan then backtracks from
+    j = M, redoing for each prompt only the maximisation of the budget it is left with, from the stored
+    tables [B, M+1]. O(B M^2) time; memory: the tables and one [M+1, M+1] candidate matrix per step.
+    Ties: going back from the last prompt, each takes the smallest count that stays optimal.
     """
     if isinstance(num_roots, bool) or not isinstance(num_roots, (int, np.integer)) or num_roots < 2:
         raise ValueError(f"stage 1 needs an integer budget of at least 2 root rollouts, got M={num_roots!r}")
     if v.ndim != 1 or v.shape[0] == 0:
         raise ValueError(f"v must be a non-empty vector [B], got shape {v.shape}")
-    units = _unit_gains(v.astype(jnp.float32), num_roots)
-    g, tau = _lagrangian_counts(units, num_roots)
-    dev = _repair_deviations(_deviation_costs(units, g, tau), num_roots - g.sum())
-    return g + dev
+    size = int(num_roots) + 1
+    values = _stage1_values(v, size - 1)  # [B, M+1]
+
+    def forward(best, f):  # best [M+1]: best value per budget over prompts < i; f [M+1]: f_i
+        before = jnp.arange(size)[:, None] - jnp.arange(size)  # [M+1, M+1]: budget j - m left for prompts < i
+        cand = jnp.where(before >= 0, best[jnp.maximum(before, 0)] + f, -jnp.inf)  # [j, m]
+        return cand.max(axis=1), best
+
+    start = jnp.full((size,), -jnp.inf, jnp.float32).at[0].set(0.0)
+    _, tables = jax.lax.scan(forward, start, values)  # [B, M+1]: row i is best over prompts < i
+
+    def backward(left, table_f):  # left: budget for prompts <= i; recompute prompt i's row `left` only
+        best, f = table_f
+        m = jnp.arange(size)
+        cand = jnp.where(m <= left, best[jnp.maximum(left - m, 0)] + f, -jnp.inf)  # [M+1]
+        pick = jnp.argmax(cand).astype(jnp.int32)  # smallest optimal m
+        return left - pick, pick
+
+    _, m = jax.lax.scan(backward, jnp.int32(size - 1), (tables, values), reverse=True)
+    return m
 
 
 def prefix_counts(q: jax.Array, valid: jax.Array, group: jax.Array, budget: jax.Array,
