@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from trace_jax.config import TrainConfig, to_dict
 from trace_jax.train.step import TrainState
+
+ITEMS = ("state", "meta")
+# Config keys (or sections) a resumed run may change without allow_config_change: how long to run, how often to
+# evaluate and checkpoint, where the run and dataset live, the device layout. None alters the algorithm or what the
+# metrics measure. Keep the help of `trace-jax train --resume` in step.
+RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "out_dir", "data_dir", "mesh")
 
 
 class RunCheckpoints:
@@ -17,7 +26,7 @@ class RunCheckpoints:
     def __init__(self, directory: str | Path, keep: int) -> None:
         self.directory = Path(directory).absolute()
         self.manager = ocp.CheckpointManager(
-            self.directory, item_names=("state", "meta"),
+            self.directory, item_names=ITEMS,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
 
     def save(self, step: int, state: TrainState, meta: dict[str, Any]) -> None:
@@ -35,7 +44,7 @@ class RunCheckpoints:
             try:
                 out = self.manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()))
-            except Exception as e:  # orbax raises many kinds for truncated or missing files
+            except Exception as e:
                 errors.append(f"step {step}: {type(e).__name__}: {e}")
                 print(f"resume: checkpoint at step {step} is unreadable ({type(e).__name__}); "
                       "trying the previous one")
@@ -52,3 +61,61 @@ class RunCheckpoints:
 def abstract_state(state: TrainState) -> TrainState:
     """Shapes, dtypes and shardings of `state`, as a restore target."""
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state)
+
+
+def newest_meta(directory: str | Path) -> tuple[int, dict[str, Any]]:
+    """(step, meta) of the newest checkpoint under `directory` whose meta reads, restoring no state and creating
+    nothing; FileNotFoundError when there is no checkpoint to resume."""
+    directory = Path(directory).absolute()
+    nothing = FileNotFoundError(f"--resume: no checkpoint under {directory}, so nothing to resume; run without "
+                                "--resume to start a new run, or set out_dir to the run to continue")
+    if not directory.is_dir():
+        raise nothing
+    with ocp.CheckpointManager(directory, item_names=ITEMS,
+                               options=ocp.CheckpointManagerOptions(create=False)) as manager:
+        steps = sorted(manager.all_steps(), reverse=True)
+        if not steps:
+            raise nothing
+        errors = []
+        for step in steps:
+            try:
+                return step, manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+            except Exception as e:
+                errors.append(f"step {step}: {type(e).__name__}: {e}")
+    raise ValueError(f"--resume: no readable checkpoint under {directory}:\n  " + "\n  ".join(errors))
+
+
+def check_resume_config(cfg: TrainConfig, step: int, saved: Mapping[str, Any], allow_change: bool) -> None:
+    """Refuse to continue checkpoint `step`, saved under config `saved`, with a different `cfg`: only the
+    RESUMABLE_CHANGES keys may differ, unless `allow_change`. Prints the changes it lets through."""
+    if cfg.steps < step:
+        raise ValueError(f"--resume: steps={cfg.steps} is below the checkpoint's step {step}; set steps >= {step}")
+    changes = _config_changes(saved, json.loads(json.dumps(to_dict(cfg))))  # as JSON stores it: tuples -> lists
+    refused = [k for k in changes if not any(k == r or k.startswith(f"{r}.") for r in RESUMABLE_CHANGES)]
+    if refused and not allow_change:
+        raise ValueError(f"--resume: the config differs from the one checkpoint {step} was saved with, so this would "
+                         "continue a different run:\n  " + "\n  ".join(_show(k, *changes[k]) for k in refused)
+                         + "\nrestore those values, or pass --allow-config-change to continue with the new ones")
+    if changes:
+        print(f"resume: config changes from checkpoint {step}: " + "; ".join(_show(k, *v) for k, v in changes.items()))
+
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "<absent>"
+
+
+def _show(key: str, old: Any, new: Any) -> str:
+    return f"{key}: {old!r} -> {new!r}"
+
+
+def _config_changes(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (old, new) for each leaf that differs; a key only one side has is <absent> on the other."""
+    out = {}
+    for key in [*old, *(k for k in new if k not in old)]:
+        a, b = old.get(key, _Absent()), new.get(key, _Absent())
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out |= _config_changes(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out[f"{prefix}{key}"] = (a, b)
+    return out
