@@ -5,9 +5,9 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import pytest  # noqa: E402
+import pytest
 
-from tiny_qwen3 import TINY_QWEN3, write_tiny_qwen3  # noqa: E402
+from tiny_qwen3 import TINY_QWEN3, write_tiny_qwen3
 
 
 @pytest.fixture(params=sorted(TINY_QWEN3))

@@ -253,7 +253,8 @@ class TrainConfig:
         _require_positive(self, "train", ("pool_size", "roots", "group_size", "steps", "eval_every", "eval_batch",
                                           "eval_samples", "checkpoint_every", "keep_checkpoints"))
         if self.roots < 2:
-            raise ValueError(f"train.roots (M) must be >= 2 (a prompt needs two rollouts to contrast), got {self.roots}")
+            raise ValueError(f"train.roots (M) must be >= 2 (a prompt needs two rollouts to contrast), "
+                             f"got {self.roots}")
         if self.continuations < 0 or self.max_per_anchor < 0:
             raise ValueError("train.continuations and train.max_per_anchor must be >= 0")
         if self.roots % self.group_size:

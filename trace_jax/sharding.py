@@ -110,7 +110,7 @@ def sharded_forward(model: Policy, mesh: Mesh, batch_shape: tuple[int, int], rul
     in/out shardings: params on their rules, batch rows over (data, fsdp)."""
     graphdef, state = nnx.split(model)
     b, t = batch_shape
-    rows = lambda *shape: batch_sharding(shape, mesh, rules)  # noqa: E731
+    rows = lambda *shape: batch_sharding(shape, mesh, rules)
     out_shardings = ModelOutput(logits=rows(b, t, model.cfg.vocab_size), hidden=rows(b, t, model.cfg.hidden_size),
                                 success=rows(b, t), cache=None)
 

@@ -7,7 +7,10 @@ import pytest
 import tensorflow_datasets as tfds
 
 from trace_jax.data.hopworld_tfds import (
-    SPLIT_FRACTIONS, build_dataset, config_name, read_split,
+    SPLIT_FRACTIONS,
+    build_dataset,
+    config_name,
+    read_split,
 )
 from trace_jax.envs.hopworld.config import HopWorldConfig
 

@@ -45,7 +45,7 @@ def test_chat_template_matches_protocol_prompt(tokenizer, small_world):
     question = small_world.question_text(4)
     messages = [{"role": "user", "content": question}]
     out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="np")
-    ids = out["input_ids"] if "input_ids" in out else out
+    ids = out["input_ids"] if "input_ids" in out else out  # noqa: SIM401  (a BatchEncoding or an array)
     expected = protocol.prompt_ids(small_world.question_ids(4))
     np.testing.assert_array_equal(np.asarray(ids)[0], expected)
 

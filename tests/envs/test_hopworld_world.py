@@ -6,7 +6,10 @@ import numpy as np
 from trace_jax.envs.hopworld import protocol, vocab
 from trace_jax.envs.hopworld.config import DOC_LEN, NAME_LEN, QUESTION_LEN, HopWorldConfig
 from trace_jax.envs.hopworld.world import (
-    NUM_RELATIONS, RELATIONS, World, build_world,
+    NUM_RELATIONS,
+    RELATIONS,
+    World,
+    build_world,
 )
 
 

@@ -9,8 +9,9 @@ ids: train 80%, validation 10%, test 10%. Build with `build_dataset(data_dir, cf
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds

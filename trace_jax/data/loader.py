@@ -7,8 +7,9 @@ the seed's permutation for epoch k // N. The loader's position is one integer, s
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 

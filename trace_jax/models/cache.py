@@ -24,7 +24,7 @@ class KVCache:
     lengths: jax.Array  # [B] int32
 
     @classmethod
-    def init(cls, cfg: ModelConfig, batch: int, max_len: int) -> "KVCache":
+    def init(cls, cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
         """An empty cache for `batch` rows of up to `max_len` positions, in the compute dtype."""
         shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
         zeros = tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers))
@@ -35,18 +35,18 @@ class KVCache:
     def max_len(self) -> int:
         return self.k[0].shape[1]
 
-    def take(self, rows: jax.Array) -> "KVCache":
+    def take(self, rows: jax.Array) -> KVCache:
         """Row i of the result is row rows[i] of this cache (a fork copies, never recomputes)."""
         return jax.tree.map(lambda a: jnp.take(a, rows, axis=0), self)
 
-    def pad_to(self, max_len: int) -> "KVCache":
+    def pad_to(self, max_len: int) -> KVCache:
         """The same rows with room for `max_len` positions (new positions are empty)."""
         pad = max_len - self.max_len
         if pad < 0:
             raise ValueError(f"cannot shrink a cache of {self.max_len} positions to {max_len}")
-        widen = lambda a: jnp.pad(a, ((0, 0), (0, pad), (0, 0), (0, 0)))  # noqa: E731
+        widen = lambda a: jnp.pad(a, ((0, 0), (0, pad), (0, 0), (0, 0)))
         return KVCache(k=tuple(map(widen, self.k)), v=tuple(map(widen, self.v)), lengths=self.lengths)
 
-    def with_lengths(self, lengths: jax.Array) -> "KVCache":
+    def with_lengths(self, lengths: jax.Array) -> KVCache:
         """Same cache, truncated (logically) to `lengths` [B] positions per row."""
         return dataclasses.replace(self, lengths=lengths.astype(jnp.int32))

@@ -54,7 +54,7 @@ def parse_action(
     valid = idx < n
     content = (action >= 0) & (action < vocab.VOCAB_SIZE) & ~_isin(action, protocol.PROTOCOL_IDS)
     boundary = valid & ~content
-    at = lambda p: action[jnp.minimum(p, size - 1)]  # noqa: E731
+    at = lambda p: action[jnp.minimum(p, size - 1)]
 
     think_end = _first(boundary & (idx >= 1))
     open_pos = think_end + 1
