@@ -11,8 +11,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trace_jax.allocation import (ALLOCATORS, Allocator, anchor_groups, anchors_to_slots, prefix_counts,
-                                  repeat_chance, root_counts, root_slots, uniform_prefix_counts)
+from toy import make_tree
+from trace_jax.allocation import (
+    ALLOCATORS,
+    Allocator,
+    Plan,
+    anchor_groups,
+    anchors_to_slots,
+    prefix_counts,
+    repeat_chance,
+    root_counts,
+    root_slots,
+    uniform_prefix_counts,
+)
 from trace_jax.rollout.tree import Tree
 
 root_counts_jit = jax.jit(root_counts, static_argnums=1)
@@ -53,6 +64,48 @@ def test_root_counts_odd_budget_and_scale():
     v = np.asarray(v, np.float64)
     assert m_trace.sum() == 32 and not (m_trace == 1).any()
     assert stage1_value(v, m_trace) > stage1_value(v, m_grpo)
+
+
+def optimum(v: np.ndarray, num_roots: int) -> float:
+    """Optimal stage-1 value by a plain float64 DP that pushes every count m of every prompt."""
+    best = np.full(num_roots + 1, -np.inf)
+    best[0] = 0.0
+    for x in np.asarray(v, np.float64):
+        new = best.copy()  # m = 0
+        for m in range(2, num_roots + 1):
+            new[m:] = np.maximum(new[m:], best[:num_roots + 1 - m] + 1 - x ** m - (1 - x) ** m)
+        best = new
+    return float(best[num_roots])
+
+
+def check_root_counts(v: np.ndarray, m: np.ndarray, num_roots: int) -> None:
+    assert m.sum() == num_roots and m.min() >= 0 and not (m == 1).any()
+    assert abs(stage1_value(np.asarray(v, np.float64), m) - optimum(v, num_roots)) <= 1e-5
+
+
+@pytest.mark.parametrize("v, num_roots", [([0.16] * 7 + [0.56] * 3, 16), ([0.6633085] * 12, 9), ([0.16] * 7, 8)])
+def test_root_counts_float32_regressions(v, num_roots):
+    """Pools where float32 rounding broke the old concave-envelope + bounded-repair solver (eager or jitted)."""
+    v = np.asarray(v, np.float32)
+    check_root_counts(v, np.asarray(root_counts(jnp.asarray(v), num_roots)), num_roots)
+    check_root_counts(v, np.asarray(root_counts_jit(jnp.asarray(v), num_roots)), num_roots)
+
+
+V_TIES = [0.16, 0.56, 0.6633085, 0.0, 1.0, 0.5]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_root_counts_matches_float64_dp(data):
+    """Up to 64 prompts sharing a few distinct v (ties everywhere), padded to 64 with v = 0: one compile per M."""
+    num_roots = data.draw(st.sampled_from([3, 8, 9, 16, 24, 48]))
+    distinct = (data.draw(st.lists(st.sampled_from(V_TIES), min_size=1, max_size=3))
+                + data.draw(st.lists(st.floats(0, 1, width=32), max_size=1)))
+    num_prompts = data.draw(st.integers(1, 64))
+    picks = data.draw(st.lists(st.integers(0, len(distinct) - 1), min_size=num_prompts, max_size=num_prompts))
+    v = np.asarray(distinct, np.float32)[picks]
+    padded = np.concatenate([v, np.zeros(64 - len(v), np.float32)])  # v = 0 prompts are worth nothing
+    check_root_counts(padded, np.asarray(root_counts_jit(jnp.asarray(padded), num_roots)), num_roots)
 
 
 @pytest.mark.parametrize("bad", [0, 1, 2.0, True])
@@ -136,22 +189,18 @@ def test_anchor_slots_round_trip(counts):
 
 
 def root_tree(prompt, num_turns, reward, num_cont, turns=3, seed=0) -> Tree:
-    """A tree whose root slots [0, M) are finished (readings up to num_turns); continuations empty."""
+    """A tree whose root slots [0, M) are finished (random readings up to num_turns); continuations empty."""
     m = len(prompt)
     s = m * (1 + num_cont)
-    pad = lambda x, fill: np.concatenate([np.asarray(x), np.full(s - m, fill, np.asarray(x).dtype)])  # noqa: E731
+
+    def pad(x, fill):
+        return np.concatenate([np.asarray(x), np.full(s - m, fill, np.asarray(x).dtype)])
+
     num_turns = pad(np.asarray(num_turns, np.int32), 0)
     success = np.random.default_rng(seed).uniform(size=(s, turns + 1)).astype(np.float32)
-    success[np.arange(turns + 1) > num_turns[:, None]] = -1.0
-    boundaries = np.where(np.arange(turns) < num_turns[:, None], 10 * (np.arange(turns) + 1), -1)
-    minus = np.full(s, -1, np.int32)
-    return Tree(tokens=jnp.zeros((s, 4), jnp.int32), policy_mask=jnp.zeros((s, 4), bool),
-                logprobs=jnp.zeros((s, 4)), length=jnp.zeros(s, jnp.int32), prompt_len=jnp.zeros(s, jnp.int32),
-                boundaries=jnp.asarray(boundaries, jnp.int32), success=jnp.asarray(success),
-                num_turns=jnp.asarray(num_turns), prompt=jnp.asarray(pad(np.asarray(prompt, np.int32), -1)),
-                question=jnp.asarray(minus), parent=jnp.asarray(minus), branch_turn=jnp.asarray(minus),
-                done=jnp.ones(s, bool), reward=jnp.asarray(pad(np.asarray(reward, np.float32), 0.0)),
-                model_tokens=jnp.zeros(s, jnp.int32))
+    success[np.arange(turns + 1) > num_turns[:, None]] = Tree.NO_READING
+    return make_tree(pad(np.asarray(prompt, np.int32), Tree.NO_PROMPT), num_turns,
+                     pad(np.asarray(reward, np.float32), 0.0), success=success, turns=turns)
 
 
 # pool of 5 prompts; prompt 1 has 3 roots, prompt 3 two, prompt 4 one root with a single turn (no anchor)
@@ -181,11 +230,13 @@ def test_allocators_fill_budgets_under_jit(name):
         assert sorted(m.tolist()) == [0, 0, 2, 2, 2]
     if alloc.root_rule == "pcl":
         assert m.tolist() == [2, 0, 2, 0, 2]
-    parent, turn = (np.asarray(x) for x in jax.jit(alloc.prefixes, static_argnums=3)(key, ROOTS, M_COUNTS, N))
+    plan = Plan(alloc, roots=M, continuations=N)
+    parent, turn, unplaced = (np.asarray(x) for x in jax.jit(plan.continuation_slots)(key, ROOTS, M_COUNTS))
     assert parent.shape == turn.shape == (M * N,)
     if not alloc.uses_prefixes:
-        assert (parent == -1).all() and (turn == -1).all()
+        assert (parent == -1).all() and (turn == -1).all() and unplaced == 0
         return
+    assert unplaced == 2  # prompt 4's budget (1 root x N) has no anchor: reported, not silently lost
     valid, group = (np.asarray(x) for x in anchor_groups(TREE, M))
     used = parent >= 0
     assert valid[parent[used], turn[used]].all()
@@ -202,7 +253,8 @@ def test_trace_prefixes_prefer_uncertain_anchors():
     tree = root_tree(prompt=[0, 0], num_turns=[3, 3], reward=[1, 0], num_cont=0)
     success = tree.success.at[0, 1:3].set(jnp.array([0.99, 0.5])).at[1, 1:3].set(jnp.array([0.6, 0.999]))
     tree = dataclasses.replace(tree, success=success)
-    parent, turn = jax.jit(Allocator("trace").prefixes, static_argnums=3)(jax.random.key(0), tree, jnp.array([2]), 1)
+    plan = Plan(Allocator("trace"), roots=2, continuations=1)
+    parent, turn, _ = jax.jit(plan.continuation_slots)(jax.random.key(0), tree, jnp.array([2]))
     # q: root 0 (won) [0.99, 0.5]; root 1 (lost) [0.4, 0.001]: best single gains go to (1,1) and (1,0)
     assert sorted(zip(np.asarray(parent).tolist(), np.asarray(turn).tolist())) == [(1, 0), (1, 1)]
 

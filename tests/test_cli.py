@@ -8,12 +8,12 @@ import torch
 from flax import nnx
 from transformers import Qwen3ForCausalLM
 
+from toy import TINY_POLICY
 from trace_jax.checkpoints import load_model, save_model
 from trace_jax.cli import main
-from trace_jax.models import ModelConfig, Policy
+from trace_jax.models import Policy
 
-CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
-                  num_kv_heads=1, head_dim=16, rope_theta=1e4)
+CFG = TINY_POLICY
 
 
 def test_help_lists_subcommands():
@@ -53,14 +53,11 @@ def test_export_of_a_missing_checkpoint_fails_clearly(tmp_path, capsys):
 
 
 def test_data_show_renders_expert_and_policy_episodes(tmp_path, capsys):
-    from trace_jax.envs.hopworld.vocab import VOCAB_SIZE
 
     assert main(["data", "show", "--question", "3", "--mistake-prob", "0"]) == 0
     expert = capsys.readouterr().out
     assert expert.startswith("<|im_start|> user") and expert.rstrip().endswith("reward: 1.0")
-    tiny = ModelConfig(vocab_size=VOCAB_SIZE, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
-                       num_kv_heads=1, head_dim=8, rope_theta=1e4)
-    save_model(tmp_path / "policy", 0, Policy(tiny, nnx.Rngs(0)))
+    save_model(tmp_path / "policy", 0, Policy(TINY_POLICY, nnx.Rngs(0)))
     assert main(["data", "show", "--question", "3", "--checkpoint", str(tmp_path / "policy")]) == 0
     sampled = capsys.readouterr().out
     assert sampled.startswith("<|im_start|> user") and "(answer: " in sampled

@@ -7,8 +7,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trace_jax.objectives import (advantages, calibration, calibration_report, effective_ratio, entropy,
-                                  node_targets, policy_loss, predictor_loss)
+import toy
+from trace_jax.objectives import (
+    advantages,
+    calibration,
+    calibration_report,
+    effective_ratio,
+    entropy,
+    node_targets,
+    policy_loss,
+    predictor_loss,
+)
+from trace_jax.rollout.sampling import policy_logprobs
 from trace_jax.rollout.tree import Tree
 
 TURNS = 3
@@ -17,18 +27,9 @@ advantages_jit = jax.jit(advantages)
 
 
 def make_tree(prompt, parent, branch_turn, num_turns, reward, success=None) -> Tree:
-    """Slot arrays for objectives; readings exist at node indices <= num_turns (0.5 unless given)."""
-    prompt, num_turns = np.asarray(prompt, np.int32), np.asarray(num_turns, np.int32)
-    s = len(prompt)
-    if success is None:
-        success = np.where(np.arange(TURNS + 1) <= num_turns[:, None], 0.5, -1.0)
-    return Tree(tokens=jnp.zeros((s, 4), jnp.int32), policy_mask=jnp.zeros((s, 4), bool),
-                logprobs=jnp.zeros((s, 4)), length=jnp.zeros(s, jnp.int32), prompt_len=jnp.zeros(s, jnp.int32),
-                boundaries=jnp.where(jnp.arange(TURNS) < num_turns[:, None], 1, -1).astype(jnp.int32),
-                success=jnp.asarray(success, jnp.float32), num_turns=jnp.asarray(num_turns),
-                prompt=jnp.asarray(prompt), question=jnp.zeros(s, jnp.int32),
-                parent=jnp.asarray(parent, jnp.int32), branch_turn=jnp.asarray(branch_turn, jnp.int32),
-                done=jnp.ones(s, bool), reward=jnp.asarray(reward, jnp.float32), model_tokens=jnp.zeros(s, jnp.int32))
+    """The shared tree factory with this file's turn count."""
+    return toy.make_tree(prompt, num_turns, reward, parent=parent, branch_turn=branch_turn, success=success,
+                         turns=TURNS)
 
 
 # Two prompts (pool ids 7 and 3), M = 4 roots, N = 1: slots 4-6 are continuations, slot 7 unused.
@@ -197,7 +198,12 @@ def test_policy_loss_on_policy_and_masking():
 def test_entropy_and_predictor_loss():
     logits = jnp.zeros((2, 3, 4)).at[1].set(jnp.array([100.0, 0, 0, 0]))
     mask = jnp.array([[True, True, True], [True, False, False]])
-    assert np.isclose(jax.jit(entropy)(logits, mask), 3 * np.log(4) / 4, atol=1e-5)
+    assert np.isclose(jax.jit(entropy)(policy_logprobs(logits), mask), 3 * np.log(4) / 4, atol=1e-5)
+    # at temperature 2 the peaked row stays peaked (logit 50), the uniform rows stay uniform
+    assert np.isclose(entropy(policy_logprobs(logits, 2.0), mask), 3 * np.log(4) / 4, atol=1e-5)
+    soft = jnp.log(jnp.array([0.7, 0.1, 0.1, 0.1]))[None, None]
+    hot = np.asarray(jax.nn.softmax(soft[0, 0] / 2.0))
+    assert np.isclose(entropy(policy_logprobs(soft, 2.0), jnp.ones((1, 1), bool)), -(hot * np.log(hot)).sum())
     pred = jnp.array([[0.5, 0.2], [0.9, -1.0]])
     targets = jnp.array([[1.0, 0.0], [1.0, 0.0]])
     weight = jnp.array([[1.0, 1.0], [1.0, 0.0]])

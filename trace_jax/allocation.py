@@ -1,12 +1,14 @@
 """Rollout budget allocators behind one interface: GRPO, PCL, random trees, TRACE and its ablations.
 
 An allocator answers two questions of a training step with budgets M (root rollouts) and N
-(continuations per root rollout) over a pool of B prompts:
-  roots(key, v_pool [B], M) -> m [B]: root rollouts per prompt (sum M; `root_slots` lays them out);
-  prefixes(key, roots, m, N) -> (parent [M*N], branch_turn [M*N]): the continuation slots, filled
-  from the M finished root slots; -1 marks a slot left unused.
+(continuations per root rollout) over a pool of B prompts (letters: see `rollout/tree.py`):
+  roots(key, v_pool [B], M) -> m [B]: root rollouts per prompt, sum M;
+  prefixes(key, roots, m, N) -> (K [M, T], unplaced [B]): continuations per anchor of the M
+  finished root slots, and the stage-2 budget a prompt could not place.
 A prompt's stage-2 budget is m_i * N, spread over its valid anchors: non-final turn boundaries
 (r, t), t < num_turns[r] - 1, of its root rollouts that carry a predictor reading.
+`Plan` binds an allocator to its budgets and lays the counts out as slots, exactly what
+`rollout.expand` takes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import jax.numpy as jnp
 from trace_jax.rollout.tree import Tree
 from trace_jax.solvers import concrete, prefix_counts, root_counts
 
-__all__ = ["ALLOCATORS", "Allocator", "anchor_groups", "anchors_to_slots", "pcl_roots", "prefix_counts",
+__all__ = ["ALLOCATORS", "Allocator", "Plan", "anchor_groups", "anchors_to_slots", "pcl_roots", "prefix_counts",
            "random_prefix_counts", "repeat_chance", "root_counts", "root_slots", "uniform_prefix_counts",
            "uniform_roots"]
 
@@ -51,14 +53,15 @@ def root_slots(m: jax.Array, num_roots: int) -> jax.Array:
     _check_total("m", m, num_roots, exact=True)
     ends = jnp.cumsum(m)
     slot = jnp.arange(num_roots)
-    return jnp.where(slot < ends[-1], jnp.searchsorted(ends, slot, side="right"), -1).astype(jnp.int32)
+    prompt = jnp.searchsorted(ends, slot, side="right")
+    return jnp.where(slot < ends[-1], prompt, Tree.NO_PROMPT).astype(jnp.int32)
 
 
 def anchors_to_slots(k: jax.Array, num_roots: int, num_cont: int) -> tuple[jax.Array, jax.Array]:
     """(parent [M*N], branch_turn [M*N]) int32: K [M, T] continuations per anchor as slot entries.
 
     Continuations are listed in (root, turn) order, so each prompt's continuations are contiguous
-    like its roots; slots beyond sum K get -1.
+    like its roots; slots beyond sum K get NO_PARENT / NO_TURN (unused).
     """
     if k.ndim != 2 or k.shape[0] != num_roots:
         raise ValueError(f"K must be [M={num_roots}, T], got shape {k.shape}")
@@ -68,8 +71,8 @@ def anchors_to_slots(k: jax.Array, num_roots: int, num_cont: int) -> tuple[jax.A
     slot = jnp.arange(num_roots * num_cont)
     anchor = jnp.searchsorted(ends, slot, side="right")
     used = slot < ends[-1]
-    return (jnp.where(used, anchor // turns, -1).astype(jnp.int32),
-            jnp.where(used, anchor % turns, -1).astype(jnp.int32))
+    return (jnp.where(used, anchor // turns, Tree.NO_PARENT).astype(jnp.int32),
+            jnp.where(used, anchor % turns, Tree.NO_TURN).astype(jnp.int32))
 
 
 def uniform_roots(key: jax.Array, num_pool: int, num_roots: int, group_size: int) -> jax.Array:
@@ -88,10 +91,9 @@ def pcl_roots(key: jax.Array, v: jax.Array, num_roots: int, group_size: int) -> 
 
 def anchor_groups(tree: Tree, num_roots: int) -> tuple[jax.Array, jax.Array]:
     """(valid [M, T] bool, group [M] int32) of the root slots: usable anchors and their pool prompt."""
-    turns = tree.boundaries.shape[1]
     prompt = tree.prompt[:num_roots]
-    valid = ((prompt >= 0)[:, None] & (jnp.arange(turns) < tree.num_turns[:num_roots, None] - 1)
-             & (tree.success[:num_roots, 1:] >= 0))
+    valid = (tree.used[:num_roots, None] & (jnp.arange(tree.max_turns) < tree.num_turns[:num_roots, None] - 1)
+             & tree.has_reading[:num_roots, 1:])
     return valid, prompt
 
 
@@ -103,7 +105,7 @@ def repeat_chance(tree: Tree, num_roots: int) -> jax.Array:
 
 def _group_keys(valid: jax.Array, group: jax.Array, num_groups: int) -> jax.Array:
     """[R*T] group of each anchor, num_groups for unusable ones."""
-    usable = valid & (group >= 0)[:, None] & (group < num_groups)[:, None]
+    usable = valid & (group != Tree.NO_PROMPT)[:, None] & (group < num_groups)[:, None]
     return jnp.where(usable, group[:, None], num_groups).reshape(-1)
 
 
@@ -191,28 +193,54 @@ class Allocator:
             return pcl_roots(key, v_pool, num_roots, g)
         return uniform_roots(key, b, num_roots, g)
 
-    def prefixes(self, key: jax.Array, roots: Tree, m: jax.Array, num_cont: int
-                 ) -> tuple[jax.Array, jax.Array]:
-        """(parent [M*N], branch_turn [M*N]) int32 continuation slots from the finished roots.
+    def prefixes(self, key: jax.Array, roots: Tree, m: jax.Array, num_cont: int) -> tuple[jax.Array, jax.Array]:
+        """(K [M, T] int32 continuations per anchor, unplaced [B] int32) from the finished root slots.
 
         roots: the M root slots after stage 1. m [B]: this step's root counts, sum M (prompt i's
-        stage-2 budget is m_i * N).
+        stage-2 budget is m_i * N). unplaced: budget a prompt could not spend (no valid anchor, or
+        every anchor at `max_per_anchor`); prefix-free allocators place nothing and report 0.
         """
         if num_cont < 0:
             raise ValueError(f"N (continuations per root) must be >= 0, got {num_cont}")
         num_roots = roots.num_slots
         _check_total("m", m, num_roots, exact=True)
-        size = num_roots * num_cont
         if not self.uses_prefixes:
-            none = jnp.full((size,), -1, jnp.int32)
-            return none, none
+            return jnp.zeros((num_roots, roots.max_turns), jnp.int32), jnp.zeros(m.shape, jnp.int32)
         valid, group = anchor_groups(roots, num_roots)
         budget = m.astype(jnp.int32) * num_cont
         if self.prefix_rule == "trace":
-            cap = self.max_per_anchor or max(size, 1)
-            k, _ = prefix_counts(repeat_chance(roots, num_roots), valid, group, budget, cap)
-        elif self.prefix_rule == "uniform":
-            k, _ = uniform_prefix_counts(key, valid, group, budget)
-        else:
-            k, _ = random_prefix_counts(key, valid, group, budget, size)
-        return anchors_to_slots(k, num_roots, num_cont)
+            cap = self.max_per_anchor or max(num_roots * num_cont, 1)
+            return prefix_counts(repeat_chance(roots, num_roots), valid, group, budget, cap)
+        if self.prefix_rule == "uniform":
+            return uniform_prefix_counts(key, valid, group, budget)
+        return random_prefix_counts(key, valid, group, budget, num_roots * num_cont)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """An allocator bound to one run's budgets: the allocation `rollout.expand` asks for, as slots.
+
+    Hashable, so it is a static argument of the compiled expansion.
+    """
+
+    allocator: Allocator
+    roots: int  # M
+    continuations: int  # N (0: no stage 2)
+
+    def root_slots(self, key: jax.Array, v_pool: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Stage 1: (prompt_of_slot [M] pool index of each root slot, m [B] root counts)."""
+        m = self.allocator.roots(key, v_pool, self.roots)
+        return root_slots(m, self.roots), m
+
+    def continuation_slots(self, key: jax.Array, roots: Tree, m: jax.Array
+                           ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Stage 2: (parent [M*N], branch_turn [M*N], unplaced [] int32) from the finished roots and
+        stage 1's m [B]; unused continuation slots get NO_PARENT."""
+        k, unplaced = self.allocator.prefixes(key, roots, m, self.continuations)
+        parent, branch_turn = anchors_to_slots(k, self.roots, self.continuations)
+        return parent, branch_turn, unplaced.sum()
+
+
+def one_episode_per_prompt(num_prompts: int) -> Plan:
+    """Slot i rolls out pool prompt i once, no continuations (evaluation)."""
+    return Plan(Allocator("grpo", group_size=1), roots=num_prompts, continuations=0)

@@ -30,7 +30,11 @@ def _train(args: argparse.Namespace) -> int:
     from trace_jax.config import TrainConfig, load_config
     from trace_jax.train.loop import train
 
-    train(load_config(TrainConfig, args.config, args.overrides), resume=args.resume)
+    if args.allow_config_change and not args.resume:
+        raise ValueError("--allow-config-change only applies with --resume; add --resume to continue the run "
+                         "in out_dir")
+    train(load_config(TrainConfig, args.config, args.overrides), resume=args.resume,
+          allow_config_change=args.allow_config_change)
     return 0
 
 
@@ -54,9 +58,17 @@ def _data_build(args: argparse.Namespace) -> int:
 
 
 def _bench_sampler(args: argparse.Namespace) -> int:
-    from trace_jax.bench import run_sampler_bench
+    from trace_jax.bench.sampler import run_sampler_bench
 
-    run_sampler_bench(args.checkpoint, args.batch, args.prompt_len, args.steps, args.mid_batch, args.skip_mid)
+    run_sampler_bench(args.checkpoint, args.batch, args.prompt_len, args.steps, args.mid_batch, args.skip_mid,
+                      args.repeats)
+    return 0
+
+
+def _bench_solver(args: argparse.Namespace) -> int:
+    from trace_jax.bench.solver import run_solver_bench
+
+    run_solver_bench(tuple(int(x) for x in args.pool_sizes.split(",")), tuple(int(x) for x in args.roots.split(",")))
     return 0
 
 
@@ -112,7 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
                                        "project's main job, a CPU-sized TRACE run that first builds the "
                                        "dataset and the SFT base policy if they are missing.")
     _add_config_args(train)
-    train.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in out_dir")
+    train.add_argument("--resume", action="store_true",
+                       help="continue from the newest checkpoint in out_dir/checkpoints. Fails before any work if "
+                            "there is none, or if the config differs from the one that checkpoint was saved with. "
+                            "Changes allowed (they alter neither the algorithm nor what the metrics measure): steps "
+                            "(to extend the run; not below the checkpoint's step), eval_every, checkpoint_every, "
+                            "keep_checkpoints, out_dir and data_dir (a moved run or dataset), mesh.* (device layout); "
+                            "any other needs --allow-config-change")
+    train.add_argument("--allow-config-change", action="store_true",
+                       help="with --resume: continue even though other config keys changed (they are listed)")
     train.set_defaults(func=_train)
 
     comp = sub.add_parser("compare", help="train several allocators at equal cost and compare them",
@@ -133,7 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     sampler.add_argument("--prompt-len", type=int, default=32)
     sampler.add_argument("--steps", type=int, default=32, help="sampled tokens per row")
     sampler.add_argument("--skip-mid", action="store_true", help="skip the ~135M-parameter mid-size model")
+    sampler.add_argument("--repeats", type=int, default=5, help="timed runs per side (median and spread printed)")
     sampler.set_defaults(func=_bench_sampler)
+    solver = bench.add_parser("solver", help="compile/run time and memory of the exact allocation solvers")
+    solver.add_argument("--pool-sizes", default="256,512", help="comma-separated pool sizes B")
+    solver.add_argument("--roots", default="512,1024", help="comma-separated root budgets M")
+    solver.set_defaults(func=_bench_solver)
 
     data = sub.add_parser("data", help="dataset commands").add_subparsers(dest="data_command",
                                                                         metavar="ACTION", required=True)

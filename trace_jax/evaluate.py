@@ -43,7 +43,7 @@ def hop_success(model: Policy, env: HopWorldEnv, question_ids: Sequence[int], ba
         pad = batch - n  # fixed slot count: one compilation; padded slots repeat row 0, ignored
         rows = np.concatenate([np.arange(lo, lo + n), np.full(pad, lo)])
         tree = rollout_prompts(model, env, question_pool(env, question_ids[rows]), jax.random.fold_in(key, i),
-                               sampling, protocol.PAD)
+                               sampling=sampling, pad_id=protocol.PAD)
         rewards.append(np.asarray(tree.reward)[:n])
     rewards = np.concatenate(rewards)
     hops = np.asarray(env.world.hops)[question_ids]
@@ -59,7 +59,7 @@ def render_sampled(model: Policy, world: World, cfg: HopWorldConfig, question: i
 
     env = HopWorldEnv(world, cfg)
     tree = jax.device_get(rollout_prompts(model, env, question_pool(env, [question]), jax.random.key(seed),
-                                          SamplingConfig(), protocol.PAD))
+                                          sampling=SamplingConfig(), pad_id=protocol.PAD))
     tokens, mask, start = tree.tokens[0].tolist(), tree.policy_mask[0], int(tree.prompt_len[0])
     lines = [vocab.decode(tokens[:start])]
     for end in tree.boundaries[0, : tree.num_turns[0]].tolist():

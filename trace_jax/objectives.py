@@ -3,7 +3,7 @@
 Nodes: (s, 0) is slot s's prompt, (s, t+1) its history after turn t's observation. A root's node
 (r, t+1) covers root r and its continuations with branch_turn >= t; a continuation's nodes up to its
 branch (index <= branch_turn + 1) are copies of its parent's, later ones cover only itself.
-Unused slots (prompt == -1) contribute nothing anywhere.
+Unused slots (`not tree.used`) contribute nothing anywhere. Letters: see `rollout/tree.py`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from trace_jax.rollout.tree import Tree
 
 def _prompt_ids(tree: Tree) -> tuple[jax.Array, jax.Array]:
     """(ids [S] in [0, S] with S for unused slots, used [S]): dense per-prompt segment ids."""
-    used = tree.prompt >= 0
+    used = tree.used
     ids = jnp.searchsorted(jnp.sort(tree.prompt), tree.prompt, side="left")
     return jnp.where(used, ids, tree.num_slots), used
 
@@ -32,9 +32,9 @@ def _segment_stats(values: jax.Array, ids: jax.Array, num: int) -> tuple[jax.Arr
 def _node_stats(tree: Tree) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(count, mean, unbiased variance) [S, T] of the leaf rewards under each root node (r, t+1)."""
     s, turns = tree.boundaries.shape
-    used = tree.prompt >= 0
+    used = tree.used
     reward = jnp.where(used, tree.reward, 0.0)
-    cont = used & (tree.parent >= 0)
+    cont = tree.is_continuation
     row = jnp.where(cont, tree.parent, s)  # out of range: dropped
     col = jnp.maximum(tree.branch_turn, 0)
 
@@ -54,7 +54,7 @@ def node_targets(tree: Tree) -> tuple[jax.Array, jax.Array]:
     """(targets [S, T+1], weight [S, T+1]): success rate of the leaves below each node, bottom-up.
 
     A leaf's target is its reward; an inner node's the mean reward of all leaves below it. Weight 1
-    marks each distinct node once where it has a reading (success >= 0): the prompt node on the
+    marks each distinct node once where it has a reading (`tree.has_reading`): the prompt node on the
     prompt's first slot, shared prefix nodes on the root; copies get their node's target, weight 0.
     """
     s, turns = tree.boundaries.shape
@@ -62,14 +62,14 @@ def node_targets(tree: Tree) -> tuple[jax.Array, jax.Array]:
     reward = jnp.where(used, tree.reward, 0.0)
     _, prompt_mean, _ = _segment_stats(reward, ids, s + 1)
     _, node_mean, _ = _node_stats(tree)
-    cont = used & (tree.parent >= 0)
+    cont = tree.is_continuation
     shared = cont[:, None] & (jnp.arange(turns) <= tree.branch_turn[:, None])  # [S, T] copied nodes
     parent = jnp.where(cont, tree.parent, jnp.arange(s))
     after = jnp.where(shared, node_mean[parent], jnp.where(cont[:, None], reward[:, None], node_mean))
     targets = jnp.where(used[:, None], jnp.concatenate([prompt_mean[ids][:, None], after], axis=1), 0.0)
     first = jax.ops.segment_min(jnp.arange(s), ids, s + 1)[ids] == jnp.arange(s)
     own = jnp.concatenate([first[:, None], ~shared], axis=1)
-    weight = own & used[:, None] & (tree.success >= 0)
+    weight = own & used[:, None] & tree.has_reading
     return targets, weight.astype(jnp.float32)
 
 
@@ -92,12 +92,12 @@ def advantages(tree: Tree, eps: float = 1e-6) -> jax.Array:
     reward = jnp.where(used, tree.reward, 0.0)
     _, p_mean, p_var = _segment_stats(reward, ids, s + 1)
     a_count, a_mean, a_var = _node_stats(tree)
-    cont = used & (tree.parent >= 0)
-    deepest = jnp.full((s,), -1, jnp.int32).at[jnp.where(cont, tree.parent, s)].max(
+    cont = tree.is_continuation
+    deepest = jnp.full((s,), Tree.NO_TURN, jnp.int32).at[jnp.where(cont, tree.parent, s)].max(
         tree.branch_turn, mode="drop")
     node_row = jnp.where(cont, tree.parent, jnp.arange(s))
     node_col = jnp.where(cont, tree.branch_turn, deepest)
-    has_anchor = used & (node_col >= 0)
+    has_anchor = used & (node_col != Tree.NO_TURN)
     r_, c_ = node_row, jnp.maximum(node_col, 0)
     anchor = jnp.where(has_anchor, _normalized(reward, a_mean[r_, c_], a_var[r_, c_], eps), 0.0)
     prompt = _normalized(reward, p_mean[ids], p_var[ids], eps)
@@ -114,7 +114,8 @@ def policy_loss(logp_new: jax.Array, logp_old: jax.Array, mask: jax.Array, adv: 
 
     logp_new, logp_old, ref_logp, mask: [S, L] (mask: policy tokens of used slots); adv [S].
     Metrics: pg_loss, clip_frac (tokens where the clipped term is active), approx_kl (k3 of old vs new),
-    ratio_mean, and kl_ref when ref_logp is given.
+    ratio_mean, ratio_max_dev (max |ratio - 1|: 0 on the first, on-policy update), and kl_ref when
+    ref_logp is given.
     """
     if ref_logp is None and (isinstance(kl_coef, jax.core.Tracer) or kl_coef):
         raise ValueError("a KL coefficient needs ref_logp")
@@ -129,6 +130,7 @@ def policy_loss(logp_new: jax.Array, logp_old: jax.Array, mask: jax.Array, adv: 
         "clip_frac": _masked_mean((clipped < unclipped).astype(jnp.float32), mask),
         "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, mask),
         "ratio_mean": _masked_mean(ratio, mask),
+        "ratio_max_dev": jnp.max(jnp.where(mask, jnp.abs(ratio - 1.0), 0.0)),
     }
     loss = pg
     if ref_logp is not None:
@@ -138,9 +140,8 @@ def policy_loss(logp_new: jax.Array, logp_old: jax.Array, mask: jax.Array, adv: 
     return loss, metrics
 
 
-def entropy(logits: jax.Array, mask: jax.Array) -> jax.Array:
-    """Token-mean entropy of logits [S, L, V] over mask [S, L]."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+def entropy(logp: jax.Array, mask: jax.Array) -> jax.Array:
+    """Token-mean entropy of the distributions logp [S, L, V] (log-probabilities) over mask [S, L]."""
     return _masked_mean(-jnp.sum(jnp.exp(logp) * logp, axis=-1), mask.astype(bool))
 
 

@@ -27,6 +27,7 @@ from trace_jax.envs.hopworld.expert import expert_episode, flatten
 from trace_jax.evaluate import hop_success
 from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import SamplingConfig
+from trace_jax.rollout.sampling import token_logprobs
 from trace_jax.sharding import init_policy
 
 BUCKET = 64  # batches are padded to a multiple of this many tokens (few compilations)
@@ -63,9 +64,7 @@ def expert_data(cfg: SFTConfig, env: HopWorldEnv, questions: np.ndarray
 
 def sequence_loss(model: Policy, tokens: jax.Array, mask: jax.Array) -> jax.Array:
     """Mean next-token cross-entropy over masked targets. tokens, mask [B, L]."""
-    logits = model(tokens[:, :-1]).logits
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    target_logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
+    target_logp = token_logprobs(model(tokens[:, :-1]).logits, tokens[:, 1:])
     weights = mask[:, 1:]
     return -(target_logp * weights).sum() / jnp.maximum(weights.sum(), 1.0)
 

@@ -4,10 +4,15 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from trace_jax.models import KVCache, from_pretrained
+from trace_jax.models import KVCache, Policy, from_pretrained
 from trace_jax.models.decode import decode_step, greedy_generate, prefill
+from trace_jax.models.jit import jit_with_model
 
 TOL = 1e-4  # float32 max |diff| of logits
+# one compilation per architecture and shape, not one eager op at a time
+decode_step_jit = jit_with_model(decode_step)
+forward = jit_with_model(Policy.__call__)
+prefill_jit = jit_with_model(prefill, static_argnames=("max_len",))
 
 
 def _ids(vocab: int, shape, seed=0) -> np.ndarray:
@@ -20,7 +25,7 @@ def test_logits_match_transformers(tiny_qwen3):
     ids = _ids(ref.config.vocab_size, (3, 17))
     with torch.no_grad():
         expected = ref(torch.tensor(ids, dtype=torch.long)).logits.numpy()
-    out = model(jnp.asarray(ids))
+    out = forward(model, jnp.asarray(ids))
     assert out.logits.shape == expected.shape
     assert out.hidden.shape == (3, 17, ref.config.hidden_size)
     assert out.success.shape == (3, 17)
@@ -31,11 +36,13 @@ def test_cached_prefill_then_decode_equals_full_forward(tiny_qwen3):
     hf_dir, ref = tiny_qwen3
     model = from_pretrained(hf_dir)
     ids = _ids(ref.config.vocab_size, (3, 14), seed=1)
-    full = model(jnp.asarray(ids))
+    full = forward(model, jnp.asarray(ids))
     # Rows have different prompt lengths (right padded): 5, 9, 3 tokens; the rest is decoded 1 by 1.
     lengths = np.array([5, 9, 3], np.int32)
     padded = np.where(np.arange(14)[None] < lengths[:, None], ids, 0)
-    _, out = prefill(model, jnp.asarray(padded), jnp.asarray(lengths), max_len=32)
+    out = forward(model, jnp.asarray(padded), cache=KVCache.init(model.cfg, 3, 32), num_valid=jnp.asarray(lengths))
+    pre = prefill_jit(model, jnp.asarray(padded), jnp.asarray(lengths), max_len=32)
+    np.testing.assert_allclose(pre.logits, full.logits[np.arange(3), lengths - 1], atol=TOL)
     for b, n in enumerate(lengths):
         np.testing.assert_allclose(out.logits[b, :n], full.logits[b, :n], atol=TOL)
         np.testing.assert_allclose(out.success[b, :n], full.success[b, :n], atol=TOL)
@@ -43,7 +50,7 @@ def test_cached_prefill_then_decode_equals_full_forward(tiny_qwen3):
     for step in range(14 - lengths.min()):
         pos = lengths + step
         tok = ids[np.arange(3), np.minimum(pos, 13)]
-        out = decode_step(model, jnp.asarray(tok), cache)
+        out = decode_step_jit(model, jnp.asarray(tok), cache)
         cache = out.cache
         for b in range(3):
             if pos[b] < 14:
@@ -52,15 +59,23 @@ def test_cached_prefill_then_decode_equals_full_forward(tiny_qwen3):
 
 
 def test_cache_rows_fork_by_gather(tiny_qwen3):
-    """Copying a row's cache into another row continues exactly like the original row."""
+    """A row copied by gather continues exactly like the original row continuing, beside a different row."""
     hf_dir, ref = tiny_qwen3
     model = from_pretrained(hf_dir)
-    ids = _ids(ref.config.vocab_size, (2, 6), seed=2)
-    _, out = prefill(model, jnp.asarray(ids), jnp.array([6, 4]), max_len=16)
-    forked = out.cache.take(jnp.array([0, 0]))  # row 1 becomes a copy of row 0
-    assert isinstance(forked, KVCache)
-    step = decode_step(model, jnp.array([7, 7]), forked)
-    np.testing.assert_allclose(step.logits[0], step.logits[1], atol=1e-6)
+    ids = _ids(ref.config.vocab_size, (2, 12), seed=2)
+    prefix = np.array([6, 4], np.int32)
+    pre = prefill_jit(model, jnp.asarray(np.where(np.arange(12) < prefix[:, None], ids, 0)), jnp.asarray(prefix),
+                      max_len=16)
+    cache = pre.cache.take(jnp.array([0, 1, 0]))  # row 2 forks row 0; row 1 stays a different sequence
+    assert isinstance(cache, KVCache)
+    rows = np.array([0, 1, 0])
+    full = forward(model, jnp.asarray(ids)).logits  # each original row continuing, uncached
+    for step in range(5):  # continue every row with its original row's next tokens
+        pos = prefix[rows] + step
+        out = decode_step_jit(model, jnp.asarray(ids[rows, pos]), cache)
+        cache = out.cache
+        np.testing.assert_allclose(out.logits[:, 0], full[rows, pos], atol=TOL)
+    np.testing.assert_allclose(cache.k[0][2, :11], cache.k[0][0, :11], atol=1e-6)
 
 
 def test_greedy_generation_matches_transformers(tiny_qwen3):
@@ -82,7 +97,7 @@ def test_bfloat16_forward_tracks_float32(tiny_qwen3):
     bf16 = from_pretrained(hf_dir, dtype="bfloat16")
     assert bf16.embed_tokens[...].dtype == jnp.bfloat16
     ids = jnp.asarray(_ids(ref.config.vocab_size, (2, 9), seed=4))
-    a, b = f32(ids).logits, bf16(ids).logits
+    a, b = forward(f32, ids).logits, forward(bf16, ids).logits
     assert b.dtype == jnp.float32  # logits are returned in float32 for sampling
     # bf16 has ~3 significant digits; logits here are O(1).
     assert np.abs(np.asarray(a) - np.asarray(b)).max() < 0.1 * max(1.0, float(np.abs(a).max()))

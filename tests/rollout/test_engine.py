@@ -5,28 +5,23 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from trace_jax.envs.hopworld import HopWorldConfig, build_world, protocol, reference
-from trace_jax.envs.hopworld.env import HopWorldEnv
-from trace_jax.envs.hopworld.vocab import VOCAB_SIZE
+from toy import TINY_POLICY, tiny_env
+from trace_jax.envs.hopworld import HopWorldConfig, protocol, reference
 from trace_jax.evaluate import question_pool
-from trace_jax.models import ModelConfig
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import rollout_prompts
-from trace_jax.rollout.sampling import sample_tokens
+from trace_jax.rollout.sampling import sample_tokens, token_logprobs
 from trace_jax.sharding import init_policy
-
-CFG = ModelConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
-                  num_kv_heads=1, head_dim=16, rope_theta=1e4)
 
 
 @pytest.fixture(scope="module")
 def setup():
     wcfg = HopWorldConfig(seed=1, num_entities=64, num_questions=40, max_turns=5)
-    env = HopWorldEnv(build_world(wcfg), wcfg)
-    model = init_policy(CFG, seed=0)
+    env = tiny_env(wcfg)
+    model = init_policy(TINY_POLICY, seed=0)
     questions = np.arange(8)
-    tree = rollout_prompts(model, env, question_pool(env, questions), jax.random.key(0), SamplingConfig(),
-                           protocol.PAD)
+    tree = rollout_prompts(model, env, question_pool(env, questions), jax.random.key(0), sampling=SamplingConfig(),
+                           pad_id=protocol.PAD)
     return env, model, questions, jax.device_get(tree)
 
 
@@ -70,13 +65,12 @@ def test_success_readings_exist_exactly_where_turns_were_observed(setup):
 
 def test_same_key_same_rollout_and_logprobs_match_the_model(setup):
     env, model, questions, tree = setup
-    again = rollout_prompts(model, env, question_pool(env, questions), jax.random.key(0), SamplingConfig(),
-                            protocol.PAD)
+    again = rollout_prompts(model, env, question_pool(env, questions), jax.random.key(0),
+                            sampling=SamplingConfig(), pad_id=protocol.PAD)
     np.testing.assert_array_equal(again.tokens, tree.tokens)
     # Sampled log-probs equal a fresh full forward over the finished sequences.
     logits = model(jnp.asarray(tree.tokens)).logits
-    logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
-    target = jnp.take_along_axis(logp, jnp.asarray(tree.tokens[:, 1:, None]), axis=-1)[..., 0]
+    target = token_logprobs(logits[:, :-1], jnp.asarray(tree.tokens[:, 1:]))
     mask = tree.policy_mask[:, 1:]
     np.testing.assert_allclose(np.asarray(target)[mask], tree.logprobs[:, 1:][mask], atol=2e-4)
 

@@ -6,108 +6,142 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
 from flax import nnx
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from toy import TINY_POLICY, TINY_WORLD, tiny_env, trained_policy
 from trace_jax import sharding as shd
+from trace_jax.allocation import Allocator, Plan
 from trace_jax.config import MeshConfig
-from trace_jax.envs.hopworld import HopWorldConfig, build_world, protocol
-from trace_jax.envs.hopworld.env import HopWorldEnv
-from trace_jax.envs.hopworld.vocab import VOCAB_SIZE
+from trace_jax.envs.hopworld import protocol
 from trace_jax.evaluate import question_pool
-from trace_jax.models import ModelConfig
+from trace_jax.models.jit import jit_with_model
+from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout import expand as ex
 from trace_jax.rollout.engine import SamplingConfig, run_turns
-from trace_jax.rollout.tree import Tree
+from trace_jax.rollout.sampling import token_logprobs
 from trace_jax.sharding import init_policy
 
-CFG = ModelConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
-                  num_kv_heads=1, head_dim=16, rope_theta=1e4)
-WCFG = HopWorldConfig(seed=2, num_entities=64, num_questions=40, max_turns=5)
 SAMPLING = SamplingConfig(temperature=1.0)
 B, M, N = 4, 8, 2
+PLAN = Plan(Allocator("random_tree", group_size=2), roots=M, continuations=N)
 
 
 @pytest.fixture(scope="module")
 def env():
-    return HopWorldEnv(build_world(WCFG), WCFG)
+    return tiny_env()
 
 
 @pytest.fixture(scope="module")
 def model():
-    return init_policy(CFG, seed=0)
+    return init_policy(TINY_POLICY, seed=0)
 
 
-def two_roots_each(key, v):
-    """Uniform roots: every pool prompt gets M // B slots."""
-    del key
-    return jnp.repeat(jnp.arange(v.shape[0], dtype=jnp.int32), M // v.shape[0])
+def _roots(model, env, pool, prompt_of_slot, key, sampling=SAMPLING):
+    ro = ex.start_roots(model, env, pool, ex.prefill_pool(model, pool), prompt_of_slot,
+                        jax.random.split(key, prompt_of_slot.shape[0]), pad_id=protocol.PAD)
+    return run_turns(model, env, ro, sampling=sampling)
 
 
-def random_anchors(key, tree: Tree):
-    """Each continuation slot picks a uniformly random valid anchor of a random root (or -1)."""
-    valid = jnp.arange(tree.boundaries.shape[1])[None] < (tree.num_turns - 1)[:, None]  # [R, T]
-    flat = valid.reshape(-1)
-    logits = jnp.where(flat, 0.0, -jnp.inf)
-    pick = jax.random.categorical(key, logits, shape=(M * N,))
-    any_valid = flat.any()
-    parent = jnp.where(any_valid, pick // valid.shape[1], -1).astype(jnp.int32)
-    turn = jnp.where(any_valid, pick % valid.shape[1], -1).astype(jnp.int32)
-    return parent, turn
+def _forks(model, env, roots, parent, branch_turn, keys, sampling=SAMPLING):
+    cont = ex.fork(model, env, roots, parent, branch_turn, keys, pad_id=protocol.PAD)
+    return run_turns(model, env, cont, sampling=sampling)
 
 
-@functools.partial(jax.jit, static_argnames="graphdef")
-def _roots_phase(graphdef, state, env, pool, prompt_of_slot, key):
-    model = nnx.merge(graphdef, state)
-    cache, logits, v = ex.prefill(model, pool.tokens, pool.lengths, pool.tokens.shape[1])
-    ro = ex.start_roots(model, env, pool, prompt_of_slot, jax.random.split(key, prompt_of_slot.shape[0]),
-                        cache, logits, v, protocol.PAD)
-    return run_turns(model, env, ro, SAMPLING)
+def _fresh(model, env, roots, parent, turn, keys):
+    ro = ex.restart(model, env, roots, parent, turn, keys, width=roots.tree.max_len, pad_id=protocol.PAD)
+    return run_turns(model, env, ro, sampling=SAMPLING).tree
 
 
-@functools.partial(jax.jit, static_argnames="graphdef")
-def _fork_phase(graphdef, state, env, roots, parent, branch_turn, keys):
-    model = nnx.merge(graphdef, state)
-    cont = ex.fork(env, model, roots, parent, branch_turn, keys, protocol.PAD)
-    return run_turns(model, env, cont, SAMPLING)
+roots_phase = jit_with_model(_roots, static_argnames=("sampling",))
+fork_phase = jit_with_model(_forks, static_argnames=("sampling",))
+fresh_phase = jit_with_model(_fresh)
 
 
-def test_fork_processes_only_new_tokens(env, model):
+def anchors_of(tree, num_slots: int) -> list[tuple[int, int]]:
+    """Every (root slot, non-final turn) of the finished roots, prompts interleaved."""
+    per_root = [[(s, t) for t in range(int(tree.num_turns[s]) - 1)] for s in range(num_slots)]
+    return [a for group in zip(*[g + [None] * (5 - len(g)) for g in per_root]) for a in group if a is not None]
+
+
+def test_forked_slots_match_a_full_forward_of_their_sequences(env, temperature=0.7):
+    """A trained (peaked) policy; anchors from every prompt. Each slot's sampled log-probs (at temperature
+    0.7) and V~ readings equal an uncached full forward of its final sequence, read at `Tree.read_positions`
+    as the loss does."""
+    model, sampling = trained_policy(), SamplingConfig(temperature=temperature)
     pool = question_pool(env, np.arange(B))
-    tree, _, _ = ex.expand_tree(model, env, pool, jax.random.key(0), two_roots_each, random_anchors, SAMPLING,
-                             protocol.PAD)
-    tree = jax.device_get(tree)
-    roots, conts = slice(0, M), slice(M, None)
-    assert (tree.parent[roots] == -1).all()
-    parent, b = tree.parent[conts], tree.branch_turn[conts]
-    assert (parent >= 0).all()
-    cut = tree.boundaries[parent, b]
-    # Independent count from the tree's token layout: a root's own tokens after its prompt,
-    # a continuation's tokens after its anchor. Prompts were prefilled once, in the pool.
-    expected = (tree.length[roots] - tree.prompt_len[roots]).sum() + (tree.length[conts] - cut).sum()
-    assert tree.model_tokens.sum() == expected
-    reprefill = tree.length.sum()  # every slot recomputed from its first token
-    assert tree.model_tokens.sum() + int(pool.lengths.sum()) < reprefill
+    roots = roots_phase(model, env, pool, jnp.repeat(jnp.arange(B, dtype=jnp.int32), M // B), jax.random.key(1),
+                        sampling=sampling)
+    rt = jax.device_get(roots.tree)
+    anchors = anchors_of(rt, M)[:M]
+    assert len({int(rt.prompt[s]) for s, _ in anchors}) >= 3  # anchors from several prompts
+    parent, turn = (jnp.asarray(x, jnp.int32) for x in zip(*anchors))
+    cont = fork_phase(model, env, roots, parent, turn, jax.random.split(jax.random.key(7), len(anchors)),
+                      sampling=sampling)
+    tree = jax.device_get(ex.concat(roots.tree, cont.tree))
+    out = model(jnp.asarray(tree.tokens))
+    logp = np.asarray(token_logprobs(out.logits[:, :-1], jnp.asarray(tree.tokens[:, 1:]), temperature))
+    mask = tree.policy_mask[:, 1:]
+    assert mask[M:].sum() > 20 and np.exp(logp[mask]).mean() > 0.25  # far from uniform (1 / V < 0.01)
+    np.testing.assert_allclose(tree.logprobs[:, 1:][mask], logp[mask], atol=1e-4)
+    untempered = np.asarray(token_logprobs(out.logits[:, :-1], jnp.asarray(tree.tokens[:, 1:])))
+    assert np.abs(untempered[mask] - logp[mask]).max() > 0.1  # scoring at temperature 1 would be caught
+    reads = np.take_along_axis(np.asarray(out.success), np.asarray(tree.read_positions()), axis=1)
+    assert tree.has_reading[M:].sum() > len(anchors)
+    np.testing.assert_allclose(tree.success[tree.has_reading], reads[tree.has_reading], atol=1e-4)
+
+
+class RecordingPolicy(Policy):
+    """The policy, recording the shape of every forward's input as it runs (an independent count)."""
+
+    calls: list = []
+
+    def __call__(self, input_ids, **kwargs):
+        shape = tuple(input_ids.shape)
+        jax.debug.callback(lambda: RecordingPolicy.calls.append(shape), ordered=True)
+        return super().__call__(input_ids, **kwargs)
+
+
+def test_fed_positions_are_what_the_model_is_fed_and_forks_feed_no_prefix(env, model):
+    recording = RecordingPolicy(TINY_POLICY, nnx.Rngs(0))
+    nnx.update(recording, nnx.state(model))
+    pool = question_pool(env, np.arange(B))
+    RecordingPolicy.calls.clear()
+    roots = roots_phase(recording, env, pool, jnp.repeat(jnp.arange(B, dtype=jnp.int32), M // B), jax.random.key(0))
+    jax.effects_barrier()
+    assert sum(r * w for r, w in RecordingPolicy.calls) == pool.tokens.size + int(roots.fed_positions)
+    rt = jax.device_get(roots.tree)
+    parent, turn = (jnp.asarray(x, jnp.int32) for x in zip(*anchors_of(rt, M)[:M]))
+    keys = jax.random.split(jax.random.key(3), M)
+    RecordingPolicy.calls.clear()
+    cont = fork_phase(recording, env, roots, parent, turn, keys)
+    jax.effects_barrier()
+    calls = list(RecordingPolicy.calls)
+    assert sum(r * w for r, w in calls) == int(cont.fed_positions) > 0
+    # forks feed one token per decode step and observation chunks, never a prefix
+    assert {w for _, w in calls} <= {1, env.obs_len} and all(r == M for r, _ in calls)
+    RecordingPolicy.calls.clear()
+    fresh_phase(recording, env, roots, parent, turn, keys)
+    jax.effects_barrier()
+    assert max(w for _, w in RecordingPolicy.calls) == rt.max_len  # re-prefill feeds each prefix again
 
 
 def test_forked_continuation_equals_fresh_rollout_of_its_prefix(env, model):
-    state = nnx.split(model)
     pool = question_pool(env, np.arange(B))
-    roots = _roots_phase(*state, env, pool, jnp.repeat(jnp.arange(B, dtype=jnp.int32), M // B),
-                         jax.random.key(1))
+    roots = roots_phase(model, env, pool, jnp.repeat(jnp.arange(B, dtype=jnp.int32), M // B), jax.random.key(1))
     rt = jax.device_get(roots.tree)
-    anchors = [(s, t) for s in range(M) for t in range(int(rt.num_turns[s]) - 1)][:M]
+    anchors = anchors_of(rt, M)[:M]
     assert len(anchors) >= 4
     parent = np.full(M, -1, np.int32)
     turn = np.full(M, -1, np.int32)
     parent[: len(anchors)], turn[: len(anchors)] = zip(*anchors)
     keys = jax.random.split(jax.random.key(7), M)
-    forked = jax.device_get(_fork_phase(*state, env, roots, jnp.asarray(parent), jnp.asarray(turn), keys).tree)
-
+    forked = jax.device_get(fork_phase(model, env, roots, jnp.asarray(parent), jnp.asarray(turn), keys).tree)
     # Fresh: the prefix becomes a prompt that is prefilled from scratch; same per-slot keys.
     n = len(anchors)
-    fresh = jax.device_get(_fresh(*state, env, roots, jnp.asarray(parent[:n]), jnp.asarray(turn[:n]), keys[:n]))
+    fresh = jax.device_get(fresh_phase(model, env, roots, jnp.asarray(parent[:n]), jnp.asarray(turn[:n]), keys[:n]))
+    assert fresh.max_len == forked.max_len  # same slot length on both paths
     for i in range(n):
         length = int(forked.length[i])
         assert length == int(fresh.length[i])
@@ -115,22 +149,14 @@ def test_forked_continuation_equals_fresh_rollout_of_its_prefix(env, model):
         assert forked.reward[i] == fresh.reward[i]
 
 
-@functools.partial(jax.jit, static_argnames="graphdef")
-def _fresh(graphdef, state, env, roots, parent, turn, keys):
-    model = nnx.merge(graphdef, state)
-    ro = ex.restart(env, model, roots, parent, turn, keys, roots.tree.max_len, protocol.PAD)
-    return run_turns(model, env, ro, SAMPLING).tree
-
-
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_tree_invariants_under_random_allocations(env, model, data):
-    state = nnx.split(model)
     counts = data.draw(st.lists(st.integers(0, M), min_size=B, max_size=B).filter(lambda c: sum(c) == M)
                        | st.just([M, 0, 0, 0]))
     prompt_of_slot = np.repeat(np.arange(B), counts).astype(np.int32)
     pool = question_pool(env, np.array(data.draw(st.lists(st.integers(0, 39), min_size=B, max_size=B))))
-    roots = _roots_phase(*state, env, pool, jnp.asarray(prompt_of_slot), jax.random.key(data.draw(st.integers(0, 99))))
+    roots = roots_phase(model, env, pool, jnp.asarray(prompt_of_slot), jax.random.key(data.draw(st.integers(0, 99))))
     rt = jax.device_get(roots.tree)
     anchors = [(s, t) for s in range(M) for t in range(int(rt.num_turns[s]) - 1)]
     picks = data.draw(st.lists(st.sampled_from(anchors) if anchors else st.nothing(), max_size=M * N))
@@ -138,8 +164,8 @@ def test_tree_invariants_under_random_allocations(env, model, data):
     turn = np.full(M * N, -1, np.int32)
     if picks:
         parent[: len(picks)], turn[: len(picks)] = zip(*picks)
-    cont = jax.device_get(_fork_phase(*state, env, roots, jnp.asarray(parent), jnp.asarray(turn),
-                                      jax.random.split(jax.random.key(3), M * N)).tree)
+    cont = jax.device_get(fork_phase(model, env, roots, jnp.asarray(parent), jnp.asarray(turn),
+                                     jax.random.split(jax.random.key(3), M * N)).tree)
     tree = jax.tree.map(lambda a, b: np.concatenate([a, b]), rt, cont)
     for s in range(tree.num_slots):
         if tree.prompt[s] < 0:  # unused capacity is inert
@@ -169,58 +195,58 @@ def test_tree_invariants_under_random_allocations(env, model, data):
 
 
 def test_expansion_compiles_once_for_ten_steps(env, model):
-    before = ex._expand_jit._cache_size()
+    before = ex.expand_tree.cache_size()
     for step in range(10):
         pool = question_pool(env, np.arange(step, step + B))
-        tree, _, _ = ex.expand_tree(model, env, pool, jax.random.key(step), two_roots_each, random_anchors,
-                                 SAMPLING, protocol.PAD)
+        tree, _, _ = ex.expand_tree(model, env, pool, jax.random.key(step), plan=PLAN, sampling=SAMPLING,
+                                    pad_id=protocol.PAD)
     jax.block_until_ready(tree)
-    assert ex._expand_jit._cache_size() - before <= 1
+    assert ex.expand_tree.cache_size() - before <= 1
 
 
 def test_sharded_slots_give_the_same_tree(env, model):
     pool = question_pool(env, np.arange(B))
-    single, _, _ = ex.expand_tree(model, env, pool, jax.random.key(5), two_roots_each, random_anchors, SAMPLING,
-                               protocol.PAD)
+    kwargs = dict(plan=PLAN, sampling=SAMPLING, pad_id=protocol.PAD)
+    single, _, _ = ex.expand_tree(model, env, pool, jax.random.key(5), **kwargs)
     mesh = shd.make_mesh(MeshConfig(data=-1, fsdp=1, tensor=1), jax.devices()[:4])
-    sharded_model = init_policy(CFG, seed=0, mesh=mesh)
+    sharded_model = init_policy(TINY_POLICY, seed=0, mesh=mesh)
     rows = functools.partial(shd.batch_sharding, mesh=mesh)
     sharded_pool = ex.Pool(*(jax.device_put(a, rows(a.shape)) for a in (pool.tokens, pool.lengths, pool.question)))
     assert len(sharded_pool.tokens.sharding.device_set) == 4
-    sharded, _, _ = ex.expand_tree(sharded_model, env, sharded_pool, jax.random.key(5), two_roots_each,
-                                random_anchors, SAMPLING, protocol.PAD)
+    sharded, _, _ = ex.expand_tree(sharded_model, env, sharded_pool, jax.random.key(5), **kwargs)
     for a, b in zip(jax.tree.leaves(jax.device_get(single)), jax.tree.leaves(jax.device_get(sharded))):
         np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def test_degenerate_budgets(env, model):
     pool = question_pool(env, np.arange(B))
-    one_prompt = lambda key, v: jnp.zeros((M,), jnp.int32)  # noqa: E731  a prompt given every slot
-    tree, _, _ = ex.expand_tree(model, env, pool, jax.random.key(2), one_prompt, ex.no_prefixes, SAMPLING,
-                             protocol.PAD)  # N = 0
+    one_prompt = Plan(Allocator("grpo", group_size=M), roots=M, continuations=0)  # one prompt gets every slot
+    tree, _, stats = ex.expand_tree(model, env, pool, jax.random.key(2), plan=one_prompt, sampling=SAMPLING,
+                                    pad_id=protocol.PAD)
     tree = jax.device_get(tree)
-    assert tree.num_slots == M and (tree.prompt == 0).all() and tree.done.all()
+    assert tree.num_slots == M and (tree.prompt == tree.prompt[0]).all() and tree.done.all()
     # max turns reached without an answer: the untrained policy rarely answers
-    cut_off = tree.num_turns == WCFG.max_turns
+    cut_off = tree.num_turns == TINY_WORLD.max_turns
     assert cut_off.any() and (tree.reward[cut_off] == 0).all()
+    assert int(stats["stage2_unplaced"]) == 0
 
-    def no_anchor(key, tree):  # e.g. every episode ended at turn 1: nothing to fork from
-        return jnp.full((M * N,), -1, jnp.int32), jnp.full((M * N,), -1, jnp.int32)
-
-    tree, _, _ = ex.expand_tree(model, env, pool, jax.random.key(2), two_roots_each, no_anchor, SAMPLING,
-                             protocol.PAD)
+    # one continuation per anchor at most and N = 6: budget the anchors cannot take is reported, not lost
+    capped = Plan(Allocator("trace", max_per_anchor=1), roots=M, continuations=6)
+    tree, _, stats = ex.expand_tree(model, env, pool, jax.random.key(2), plan=capped, sampling=SAMPLING,
+                                    pad_id=protocol.PAD)
     tree = jax.device_get(tree)
-    assert (tree.prompt[M:] == -1).all() and tree.done.all() and (tree.model_tokens[M:] == 0).all()
+    placed = int((tree.prompt[M:] >= 0).sum())
+    assert 0 < int(stats["stage2_unplaced"]) == M * 6 - placed
+    assert (tree.model_tokens[M + placed:] == 0).all() and tree.done.all()
 
 
 def test_impossible_allocations_fail_clearly(env, model):
-    state = nnx.split(model)
     pool = question_pool(env, np.arange(B))
-    cache, logits, v = ex.prefill(model, pool.tokens, pool.lengths, pool.tokens.shape[1])
+    pre = ex.prefill_pool(model, pool)
     with pytest.raises(ValueError, match="prompt_of_slot has entries outside"):
-        ex.start_roots(model, env, pool, jnp.array([0, 1, 9, 2]), jax.random.split(jax.random.key(0), 4),
-                       cache, logits, v, protocol.PAD)
-    roots = _roots_phase(*state, env, pool, jnp.repeat(jnp.arange(B, dtype=jnp.int32), M // B), jax.random.key(1))
+        ex.start_roots(model, env, pool, pre, jnp.array([0, 1, 9, 2]), jax.random.split(jax.random.key(0), 4),
+                       pad_id=protocol.PAD)
+    roots = roots_phase(model, env, pool, jnp.repeat(jnp.arange(B, dtype=jnp.int32), M // B), jax.random.key(1))
     with pytest.raises(ValueError, match="non-final turn"):
-        ex.fork(env, model, roots, jnp.array([0]), jnp.array([WCFG.max_turns]), jax.random.split(jax.random.key(0), 1),
-                protocol.PAD)
+        ex.fork(model, env, roots, jnp.array([0]), jnp.array([TINY_WORLD.max_turns]),
+                jax.random.split(jax.random.key(0), 1), pad_id=protocol.PAD)

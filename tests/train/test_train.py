@@ -15,22 +15,23 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from toy import TINY_POLICY as TINY
 from trace_jax import sharding as shd
 from trace_jax.checkpoints import load_model, save_model
+from trace_jax.cli import main
 from trace_jax.config import MeshConfig, TrainConfig, load_config
 from trace_jax.data.hopworld_tfds import build_dataset
 from trace_jax.data.loader import hopworld_loader
 from trace_jax.envs.hopworld import build_world
 from trace_jax.envs.hopworld.env import HopWorldEnv
-from trace_jax.envs.hopworld.vocab import VOCAB_SIZE
-from trace_jax.models import ModelConfig
+from trace_jax.train import loop
+from trace_jax.train.checkpoint import check_resume_config, newest_meta
 from trace_jax.train.loop import pool_of, step_spec, train
 from trace_jax.train.step import TrainState, apply_update, build_step, make_optimizer
 
-TINY = ModelConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
-                   num_kv_heads=1, head_dim=16, rope_theta=1e4)
 OVERRIDES = ["world.num_entities=64", "world.num_questions=120", "pool_size=4", "roots=4", "continuations=1",
              "group_size=2", "eval_batch=16", "eval_every=100", "learning_rate=0.01"]
+FULL_STEPS = ["steps=5", "checkpoint_every=1"]
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +39,13 @@ def run_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("train")
     save_model(root / "base", 0, shd.init_policy(TINY, seed=0))
     return root
+
+
+@pytest.fixture(scope="module")
+def full_run(run_dirs) -> Path:
+    """A finished 5-step run with a checkpoint every step (the newest 3 kept)."""
+    train(config(run_dirs, *FULL_STEPS, f"out_dir={run_dirs / 'full'}"))
+    return run_dirs / "full"
 
 
 def config(root: Path, *extra: str) -> TrainConfig:
@@ -107,11 +115,8 @@ def _metrics(out: Path) -> dict[int, dict]:
     return {r["step"]: {k: v for k, v in r.items() if k != "step_seconds"} for r in rows}
 
 
-def test_sigkill_then_resume_reproduces_the_uninterrupted_run(run_dirs):
-    steps = ["steps=5", "checkpoint_every=1"]
-    full = config(run_dirs, *steps, f"out_dir={run_dirs / 'full'}")
-    train(full)
-
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(run_dirs, full_run):
+    steps = FULL_STEPS
     killed = run_dirs / "killed"
     cmd = [sys.executable, "-m", "trace_jax.cli", "train", *OVERRIDES, *steps, f"out_dir={killed}",
            f"init_checkpoint={run_dirs / 'base'}", f"data_dir={run_dirs / 'tfds'}"]
@@ -131,15 +136,49 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(run_dirs):
     resumed = config(run_dirs, *steps, f"out_dir={killed}")
     train(resumed, resume=True)
     assert load_model(killed / "policy").cfg == TINY  # the trained policy, ready for export
-    a, b = _metrics(run_dirs / "full"), _metrics(killed)
+    a, b = _metrics(full_run), _metrics(killed)
     assert sorted(b) == sorted(a) == list(range(6))
     for step in range(done - 1, 6):
         assert a[step] == b[step], f"step {step} differs after resume"
 
 
-def test_resume_without_checkpoints_fails_clearly(run_dirs):
-    with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        train(config(run_dirs, f"out_dir={run_dirs / 'empty'}"), resume=True)
+def test_resume_with_nothing_to_resume_fails_before_any_work(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # a fresh directory: default data_dir and init_checkpoint do not exist here
+    (tmp_path / "empty").mkdir()
+    assert main(["train", "--resume", "out_dir=empty"]) == 2
+    err = capsys.readouterr().err
+    assert "no checkpoint under" in err and str(Path("empty", "checkpoints")) in err and "without --resume" in err
+    assert [p.name for p in tmp_path.rglob("*")] == ["empty"]  # no config.yaml, dataset or base policy
+    assert main(["train", "--allow-config-change", "out_dir=empty"]) == 2
+    assert "only applies with --resume" in capsys.readouterr().err
+
+
+def test_resume_refuses_a_changed_config_unless_allowed(full_run, run_dirs, tmp_path, capsys, monkeypatch):
+    run = tmp_path / "moved"
+    shutil.copytree(full_run, run)  # a moved run: out_dir differs, which resume accepts
+    paths = [f"out_dir={run}", f"init_checkpoint={run_dirs / 'base'}", f"data_dir={run_dirs / 'tfds'}"]
+    args = ["train", "--resume", *OVERRIDES, *FULL_STEPS, *paths]
+    saved = (run / "config.yaml").read_text()
+    capsys.readouterr()
+
+    assert main([*args, "learning_rate=0.02", "sft.steps=30", "eval_every=2"]) == 2
+    err = capsys.readouterr().err
+    assert "learning_rate: 0.01 -> 0.02" in err and "sft.steps: 300 -> 30" in err and "--allow-config-change" in err
+    assert "out_dir" not in err and "eval_every" not in err  # allowed changes are not refused
+    assert (run / "config.yaml").read_text() == saved  # the run's config is not overwritten
+    assert main([*args, "steps=4"]) == 2 and "steps=4 is below the checkpoint's step 5" in capsys.readouterr().err
+
+    # Extending the run (and the other allowed changes) needs no flag; checked without paying for a training step.
+    step, meta = newest_meta(run / "checkpoints")
+    extended = config(run_dirs, *FULL_STEPS, *paths, "steps=8", "eval_every=2", "checkpoint_every=3",
+                      "keep_checkpoints=1", "mesh.fsdp=2", f"data_dir={tmp_path / 'tfds'}")
+    check_resume_config(extended, step, meta["config"], allow_change=False)
+    assert "steps: 5 -> 8" in capsys.readouterr().out
+
+    monkeypatch.setattr(loop, "plot_metrics", lambda out, keys: out / "metrics.png")  # seconds of matplotlib
+    assert main([*args, "learning_rate=0.02", "--allow-config-change"]) == 0  # steps=5: nothing left to train
+    assert "learning_rate: 0.01 -> 0.02" in capsys.readouterr().out
+    assert load_config(TrainConfig, run / "config.yaml").learning_rate == 0.02
 
 
 def test_equal_cost_budgets_for_prefix_free_allocators(run_dirs):

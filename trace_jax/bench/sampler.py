@@ -1,12 +1,14 @@
 """`trace-jax bench sampler`: sampler throughput against transformers, forks against re-prefill.
 
-Every comparison runs both sides back to back in this process and prints a ratio; the machine's
-absolute speed cancels out. Compile time is the first call's extra time over the second.
+Every comparison runs both sides back to back in this process, several times each, and prints the
+median, the spread and the ratio of medians; the machine's absolute speed cancels out. Compile time is
+the first call's extra time over the median.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +23,7 @@ from trace_jax.envs.hopworld import HopWorldConfig, build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.evaluate import question_pool
 from trace_jax.models import ModelConfig, Policy, save_pretrained
+from trace_jax.models.jit import jit_with_model
 from trace_jax.rollout import expand as ex
 from trace_jax.rollout.engine import SamplingConfig, TurnSpec, generate_turn, max_len, run_turns
 from trace_jax.sharding import init_policy
@@ -35,27 +38,38 @@ def _timed(fn, *args) -> tuple[float, object]:
     return time.perf_counter() - t, out
 
 
-def sampler_tokens_per_s(model: Policy, batch: int, prompt_len: int, steps: int, seed: int = 0
-                         ) -> tuple[float, float]:
-    """(generated tokens/s of our jitted sampler, compile seconds) for `batch` rows."""
+def _repeat(fn, repeats: int, *args) -> tuple[np.ndarray, float, object]:
+    """(seconds of `repeats` timed calls after a first, compiling one; compile s; last output)."""
+    first, out = _timed(fn, *args)
+    times = []
+    for _ in range(repeats):
+        t, out = _timed(fn, *args)
+        times.append(t)
+    times = np.asarray(times)
+    return times, max(first - float(np.median(times)), 0.0), out
+
+
+def spread(times: np.ndarray) -> str:
+    """'median s [min-max]' of a few timings."""
+    return f"{np.median(times):.3f} [{times.min():.3f}-{times.max():.3f}]"
+
+
+def sampler_tokens_per_s(model: Policy, batch: int, prompt_len: int, steps: int, repeats: int = 5, seed: int = 0
+                         ) -> tuple[np.ndarray, float]:
+    """(generated tokens/s of our jitted sampler per timed run [repeats], compile seconds) for `batch` rows."""
     spec = TurnSpec(action_len=steps, obs_len=1, max_turns=1, stop_ids=())  # exactly `steps` tokens
-    graphdef, state = nnx.split(model)
     rng = np.random.default_rng(seed)
     pool = ex.Pool(tokens=jnp.asarray(rng.integers(0, model.cfg.vocab_size, (batch, prompt_len)), jnp.int32),
                    lengths=jnp.full((batch,), prompt_len, jnp.int32), question=jnp.zeros((batch,), jnp.int32))
 
-    @jax.jit
-    def run(state, pool, key):
-        m = nnx.merge(graphdef, state)
-        cache, logits, v = ex.prefill(m, pool.tokens, pool.lengths, pool.tokens.shape[1])
-        env = _NullEnv(spec)
-        ro = ex.start_roots(m, env, pool, jnp.arange(batch, dtype=jnp.int32), jax.random.split(key, batch),
-                            cache, logits, v, 0)
-        return generate_turn(m, ro, spec, SamplingConfig())[0].tree.length
+    def run(m, pool, key):
+        ro = ex.start_roots(m, _NullEnv(spec), pool, ex.prefill_pool(m, pool), jnp.arange(batch, dtype=jnp.int32),
+                            jax.random.split(key, batch), pad_id=0)
+        return generate_turn(m, ro, spec=spec, sampling=SamplingConfig())[0].tree.length
 
-    first, _ = _timed(run, state, pool, jax.random.key(0))
-    second, _ = _timed(run, state, pool, jax.random.key(1))
-    return batch * steps / second, first - second
+    run = jit_with_model(run)
+    times, compile_s, _ = _repeat(lambda: run(model, pool, jax.random.key(1)), repeats)
+    return batch * steps / times, compile_s
 
 
 @jax.tree_util.register_dataclass
@@ -85,8 +99,9 @@ class _NullEnv:
         return jnp.zeros_like(q)
 
 
-def transformers_tokens_per_s(model: Policy, batch: int, prompt_len: int, steps: int, seed: int = 0) -> float:
-    """Generated tokens/s of transformers' PyTorch `generate` (sampling) on the same weights."""
+def transformers_tokens_per_s(model: Policy, batch: int, prompt_len: int, steps: int, repeats: int = 5,
+                              seed: int = 0) -> np.ndarray:
+    """Generated tokens/s of transformers' PyTorch `generate` (sampling) on the same weights, per timed run."""
     import torch
     from transformers import Qwen3ForCausalLM
 
@@ -95,65 +110,69 @@ def transformers_tokens_per_s(model: Policy, batch: int, prompt_len: int, steps:
         ref = Qwen3ForCausalLM.from_pretrained(d).eval()
     ids = torch.as_tensor(np.random.default_rng(seed).integers(0, model.cfg.vocab_size, (batch, prompt_len)))
     kwargs = dict(max_new_tokens=steps, min_new_tokens=steps, do_sample=True, top_k=0, pad_token_id=0)
+    times = []
     with torch.no_grad():
-        ref.generate(ids[:, :4], max_new_tokens=2, do_sample=True, top_k=0, pad_token_id=0)  # warm up
-        t = time.perf_counter()
-        ref.generate(ids, **kwargs)
-    return batch * steps / (time.perf_counter() - t)
+        ref.generate(ids, **kwargs)  # warm up at the timed shape
+        for _ in range(repeats):
+            t = time.perf_counter()
+            ref.generate(ids, **kwargs)
+            times.append(time.perf_counter() - t)
+    return batch * steps / np.asarray(times)
 
 
 def tree_fork_vs_reprefill(model: Policy, env: HopWorldEnv, num_prompts: int, roots_per_prompt: int, n: int,
-                           seed: int = 0) -> dict[str, float]:
-    """Expand a tree (forks) and, back to back, the same continuations re-prefilled from scratch."""
+                           repeats: int = 3, seed: int = 0) -> dict[str, float]:
+    """Expand a tree (forks) and, back to back, the same continuations re-prefilled from scratch.
+
+    Both paths run their continuations in slots of the same length L. Positions: `processed` is rows x
+    positions of every forward (padding and idle slots included), measured from the forwards' inputs;
+    `useful` the real tokens the path has to feed (prompts, prefixes it recomputes, new tokens).
+    The roots phase (pool prefill and root rollouts) is common to both and included in both.
+    """
     m = num_prompts * roots_per_prompt
     pool = question_pool(env, np.arange(num_prompts))
     slots = jnp.repeat(jnp.arange(num_prompts, dtype=jnp.int32), roots_per_prompt)
-    graphdef, state = nnx.split(model)
     sampling = SamplingConfig()
 
-    @jax.jit
-    def roots(state, key):
-        mdl = nnx.merge(graphdef, state)
-        cache, logits, v = ex.prefill(mdl, pool.tokens, pool.lengths, pool.tokens.shape[1])
-        ro = ex.start_roots(mdl, env, pool, slots, jax.random.split(key, m), cache, logits, v, protocol.PAD)
-        return run_turns(mdl, env, ro, sampling)
+    def roots(mdl, key):
+        ro = ex.start_roots(mdl, env, pool, ex.prefill_pool(mdl, pool), slots, jax.random.split(key, m),
+                            pad_id=protocol.PAD)
+        return run_turns(mdl, env, ro, sampling=sampling)
 
-    ro = roots(state, jax.random.key(seed))
+    ro = jit_with_model(roots)(model, jax.random.key(seed))
     rt = jax.device_get(ro.tree)
     anchors = [(s, t) for s in range(m) for t in range(int(rt.num_turns[s]) - 1)]
     rng = np.random.default_rng(seed)
     picks = [anchors[i] for i in rng.integers(0, len(anchors), m * n)]
     parent, turn = (jnp.asarray(x, jnp.int32) for x in zip(*picks))
     keys = jax.random.split(jax.random.key(seed + 1), m * n)
-
-    @jax.jit
-    def forks(state, ro, parent, turn, keys):
-        mdl = nnx.merge(graphdef, state)
-        cont = run_turns(mdl, env, ex.fork(env, mdl, ro, parent, turn, keys, protocol.PAD), sampling)
-        return cont.tree, cont.live_tokens / (cont.tree.num_slots * cont.decode_steps)
-
-    width = int(rt.boundaries[np.asarray(parent), np.asarray(turn)].max())
-
-    @jax.jit
-    def reprefill(state, ro, parent, turn, keys):
-        mdl = nnx.merge(graphdef, state)
-        return run_turns(mdl, env, ex.restart(env, mdl, ro, parent, turn, keys, width, protocol.PAD), sampling).tree
-
-    fork_compile, _ = _timed(forks, state, ro, parent, turn, keys)
-    fork_time, (cont, cont_util) = _timed(forks, state, ro, parent, turn, keys)
-    re_compile, _ = _timed(reprefill, state, ro, parent, turn, keys)
-    re_time, re_tree = _timed(reprefill, state, ro, parent, turn, keys)
-    cont, re_tree = jax.device_get(cont), jax.device_get(re_tree)
     cut = rt.boundaries[np.asarray(parent), np.asarray(turn)]
-    fork_positions = int(pool.lengths.sum()) + int(rt.model_tokens.sum()) + int(cont.model_tokens.sum())
-    re_positions = int(pool.lengths.sum()) + int(rt.model_tokens.sum()) + int(cut.sum()) + int(re_tree.model_tokens.sum())
+    width = int(cut.max())
+
+    def forks(mdl, ro, parent, turn, keys):
+        return run_turns(mdl, env, ex.fork(mdl, env, ro, parent, turn, keys, pad_id=protocol.PAD), sampling=sampling)
+
+    def reprefill(mdl, ro, parent, turn, keys):
+        cont = ex.restart(mdl, env, ro, parent, turn, keys, width=width, pad_id=protocol.PAD)
+        return run_turns(mdl, env, cont, sampling=sampling)
+
+    args = (model, ro, parent, turn, keys)
+    fork_times, fork_compile, cont = _repeat(jit_with_model(forks), repeats, *args)
+    re_times, _, re_cont = _repeat(jit_with_model(reprefill), repeats, *args)
+    cont, re_cont = jax.device_get(cont), jax.device_get(re_cont)
+    common_processed = int(pool.tokens.size) + int(ro.fed_positions)
+    common_useful = int(pool.lengths.sum()) + int(rt.model_tokens.sum())
     return {
-        "positions_fork": fork_positions, "positions_reprefill": re_positions,
-        "positions_saved": 1 - fork_positions / re_positions,
-        "time_fork": fork_time, "time_reprefill": re_time, "time_ratio": re_time / fork_time,
-        "compile_fork": fork_compile - fork_time,
+        "slot_len_fork": cont.tree.max_len, "slot_len_reprefill": re_cont.tree.max_len,
+        "processed_fork": common_processed + int(cont.fed_positions),
+        "processed_reprefill": common_processed + int(re_cont.fed_positions),
+        "useful_fork": common_useful + int(cont.tree.model_tokens.sum()),
+        "useful_reprefill": common_useful + int(cut.sum()) + int(re_cont.tree.model_tokens.sum()),
+        "time_fork": fork_times, "time_reprefill": re_times,
+        "time_ratio": float(np.median(re_times) / np.median(fork_times)),
+        "compile_fork": fork_compile,
         "utilisation_roots": float(ro.live_tokens / (m * ro.decode_steps)),
-        "utilisation_continuations": float(cont_util),
+        "utilisation_continuations": float(cont.live_tokens / (cont.tree.num_slots * cont.decode_steps)),
     }
 
 
@@ -165,25 +184,40 @@ def hopworld_policy(checkpoint: str | None) -> Policy:
 
 
 def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps: int, mid_batch: int,
-                      skip_mid: bool) -> None:
+                      skip_mid: bool, repeats: int) -> None:
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
     policy = hopworld_policy(checkpoint)
     sizes = [("hopworld", policy, batch)] + ([] if skip_mid else [("mid-size", init_policy(MID_SIZE, 0), mid_batch)])
-    print(f"sampler: {prompt_len}-token prompts, {steps} sampled tokens per row (temperature 1)")
-    print(f"{'model':>10} {'params':>8} {'batch':>6} {'ours tok/s':>11} {'HF tok/s':>10} {'ratio':>6} {'compile s':>10}")
+    print(f"sampler: {prompt_len}-token prompts, {steps} sampled tokens per row (temperature 1); "
+          f"{repeats} timed runs per side after a warm-up, median [min-max]")
+    print(f"threads: ours XLA CPU on {os.cpu_count()} cores, transformers torch.get_num_threads()="
+          f"{torch.get_num_threads()}")
+    print(f"{'model':>10} {'params':>8} {'batch':>6} {'ours tok/s':>22} {'HF tok/s':>22} {'ratio':>6} "
+          f"{'compile s':>10}")
     for name, model, b in sizes:
         params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-        ours, compile_s = sampler_tokens_per_s(model, b, prompt_len, steps)
-        theirs = transformers_tokens_per_s(model, b, prompt_len, steps)
-        print(f"{name:>10} {params / 1e6:7.1f}M {b:>6} {ours:11.0f} {theirs:10.0f} {ours / theirs:6.2f} {compile_s:10.1f}")
+        ours, compile_s = sampler_tokens_per_s(model, b, prompt_len, steps, repeats)
+        theirs = transformers_tokens_per_s(model, b, prompt_len, steps, repeats)
+        ratio = np.median(ours) / np.median(theirs)
+        print(f"{name:>10} {params / 1e6:7.1f}M {b:>6} {_rate(ours):>22} {_rate(theirs):>22} {ratio:6.2f} "
+              f"{compile_s:10.1f}")
 
     wcfg = HopWorldConfig(max_hops=2, max_turns=3, num_questions=512)
     env = HopWorldEnv(build_world(wcfg), wcfg)
-    print(f"\ntree: 3-turn HopWorld episodes (max_hops=2, max_turns=3), slot length "
-          f"{max_len(wcfg.prompt_len, TurnSpec.of(env))}, forks vs re-prefilling each continuation")
-    print(f"{'N':>3} {'positions fork':>15} {'re-prefill':>11} {'saved':>6} {'time fork s':>12} {'re-prefill s':>13} "
-          f"{'speedup':>8} {'util roots':>11} {'util cont':>10}")
+    print(f"\ntree: 3-turn HopWorld episodes (max_hops=2, max_turns=3), forks vs re-prefilling each continuation, "
+          f"both in slots of length {max_len(wcfg.prompt_len, TurnSpec.of(env))}")
+    print("  processed = rows x positions of every forward (padding, idle slots included); useful = real tokens")
+    print(f"{'N':>3} {'processed fork':>15} {'re-prefill':>11} {'useful fork':>12} {'re-prefill':>11} "
+          f"{'time fork s':>22} {'re-prefill s':>22} {'speedup':>8} {'util roots':>11} {'util cont':>10}")
     for n in (2, 6):
-        r = tree_fork_vs_reprefill(policy, env, num_prompts=8, roots_per_prompt=4, n=n)
-        print(f"{n:>3} {r['positions_fork']:>15} {r['positions_reprefill']:>11} {100 * r['positions_saved']:5.1f}% "
-              f"{r['time_fork']:12.2f} {r['time_reprefill']:13.2f} {r['time_ratio']:7.2f}x "
-              f"{100 * r['utilisation_roots']:10.1f}% {100 * r['utilisation_continuations']:9.1f}%")
+        r = tree_fork_vs_reprefill(policy, env, num_prompts=8, roots_per_prompt=4, n=n, repeats=repeats)
+        print(f"{n:>3} {r['processed_fork']:>15} {r['processed_reprefill']:>11} {r['useful_fork']:>12} "
+              f"{r['useful_reprefill']:>11} {spread(r['time_fork']):>22} {spread(r['time_reprefill']):>22} "
+              f"{r['time_ratio']:7.2f}x {100 * r['utilisation_roots']:10.1f}% "
+              f"{100 * r['utilisation_continuations']:9.1f}%")
+
+
+def _rate(rates: np.ndarray) -> str:
+    return f"{np.median(rates):.0f} [{rates.min():.0f}-{rates.max():.0f}]"

@@ -2,42 +2,50 @@
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from trace_jax.models.cache import KVCache
+from trace_jax.models.jit import jit_with_model
 from trace_jax.models.qwen3 import ModelOutput, Policy
 
 
 def at_rows(x: jax.Array, index: jax.Array) -> jax.Array:
-    """x [B, T, ...] read at one position per row, index [B] -> [B, ...]."""
+    """x [rows, positions, ...] read at one position per row, index [rows] -> [rows, ...]."""
     return x[jnp.arange(x.shape[0]), index]
 
 
-def prefill(model: Policy, input_ids: jax.Array, lengths: jax.Array, max_len: int,
-            ) -> tuple[jax.Array, ModelOutput]:
-    """Run right-padded prompts `input_ids` [B, T] (`lengths` [B] real tokens) into a fresh cache.
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Prefill:
+    """Right-padded prompts run into a fresh cache, read at each row's last real token."""
 
-    Returns the logits at each row's last real token [B, V] and the full output (with cache).
-    """
+    cache: KVCache  # rows x max_len positions, lengths = the prompts' lengths
+    logits: jax.Array  # [rows, vocab] next-token logits
+    success: jax.Array  # [rows] V~ of each prompt
+    hidden: jax.Array  # [rows, hidden] final hidden state at the last token
+
+
+def prefill(model: Policy, input_ids: jax.Array, lengths: jax.Array, max_len: int) -> Prefill:
+    """Run prompts `input_ids` [rows, positions] (`lengths` [rows] real tokens, right-padded) into a
+    fresh cache of `max_len` positions."""
     cache = KVCache.init(model.cfg, input_ids.shape[0], max_len)
     out = model(input_ids, cache=cache, num_valid=lengths)
-    return at_rows(out.logits, jnp.maximum(lengths - 1, 0)), out
+    last = jnp.maximum(lengths - 1, 0)
+    return Prefill(cache=out.cache, logits=at_rows(out.logits, last), success=at_rows(out.success, last),
+                   hidden=at_rows(out.hidden, last))
 
 
 def decode_step(model: Policy, tokens: jax.Array, cache: KVCache) -> ModelOutput:
-    """Append one token per row (`tokens` [B]) at each row's own position."""
+    """Append one token per row (`tokens` [rows]) at each row's own position."""
     return model(tokens[:, None], cache=cache)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "steps", "max_len"))
-def _greedy(graphdef, state, input_ids, lengths, steps: int, max_len: int) -> jax.Array:
-    model = nnx.merge(graphdef, state)
-    last, out = prefill(model, input_ids, lengths, max_len)
-    first = jnp.argmax(last, axis=-1).astype(jnp.int32)
+def _greedy(model: Policy, input_ids: jax.Array, lengths: jax.Array, steps: int, max_len: int) -> jax.Array:
+    pre = prefill(model, input_ids, lengths, max_len)
+    first = jnp.argmax(pre.logits, axis=-1).astype(jnp.int32)
     tokens = jnp.zeros((input_ids.shape[0], steps), jnp.int32).at[:, 0].set(first)
 
     def body(i, carry):
@@ -46,8 +54,11 @@ def _greedy(graphdef, state, input_ids, lengths, steps: int, max_len: int) -> ja
         nxt = jnp.argmax(step.logits[:, 0], axis=-1).astype(jnp.int32)
         return step.cache, tokens.at[:, i].set(nxt)
 
-    _, tokens = jax.lax.fori_loop(1, steps, body, (out.cache, tokens))
+    _, tokens = jax.lax.fori_loop(1, steps, body, (pre.cache, tokens))
     return tokens
+
+
+_greedy_jit = jit_with_model(_greedy, static_argnames=("steps", "max_len"))
 
 
 def greedy_generate(model: Policy, input_ids: jax.Array, lengths: jax.Array, steps: int,
@@ -56,5 +67,4 @@ def greedy_generate(model: Policy, input_ids: jax.Array, lengths: jax.Array, ste
     max_len = input_ids.shape[1] + steps if max_len is None else max_len
     if max_len < input_ids.shape[1] + steps:
         raise ValueError(f"max_len={max_len} is too short for prompts of {input_ids.shape[1]} + {steps} steps")
-    graphdef, state = nnx.split(model)
-    return _greedy(graphdef, state, jnp.asarray(input_ids), jnp.asarray(lengths, jnp.int32), steps, max_len)
+    return _greedy_jit(model, jnp.asarray(input_ids), jnp.asarray(lengths, jnp.int32), steps=steps, max_len=max_len)

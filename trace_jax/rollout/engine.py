@@ -20,12 +20,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from trace_jax.envs.base import JaxEnv
 from trace_jax.models.cache import KVCache
-from trace_jax.models.decode import at_rows, prefill as prefill_prompts
-from trace_jax.models.qwen3 import Policy
+from trace_jax.models.decode import at_rows
+from trace_jax.models.jit import jit_with_model
+from trace_jax.models.qwen3 import ModelOutput, Policy
 from trace_jax.rollout.sampling import sample_tokens
 from trace_jax.rollout.tree import Tree
 
@@ -52,7 +52,7 @@ class TurnSpec:
     stop_ids: tuple[int, ...]
 
     @classmethod
-    def of(cls, env: JaxEnv) -> "TurnSpec":
+    def of(cls, env: JaxEnv) -> TurnSpec:
         return cls(env.action_len, env.obs_len, env.max_turns, tuple(env.stop_ids))
 
 
@@ -69,6 +69,13 @@ class Rollout:
     keys: jax.Array  # [S] PRNG key per slot; the token at position p uses fold_in(key, p)
     decode_steps: jax.Array  # [] int32 decode loop iterations so far
     live_tokens: jax.Array  # [] int32 tokens those iterations generated (utilisation = live / (S x steps))
+    fed_positions: jax.Array  # [] int32 rows x positions of every forward so far, padding and idle rows included
+
+
+def forward(model: Policy, ro: Rollout, ids: jax.Array, num_valid: jax.Array) -> tuple[ModelOutput, jax.Array]:
+    """The engine's only model call on a rollout: ids [S, W] into the cache at each slot's position.
+    Returns (output, fed_positions + S * W): what the model was fed, counted from the input itself."""
+    return model(ids, cache=ro.cache, num_valid=num_valid), ro.fed_positions + ids.size
 
 
 def _write(buf: jax.Array, pos: jax.Array, values: jax.Array) -> jax.Array:
@@ -82,14 +89,7 @@ def _rows_where(mask: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
 
 
-def prefill(model: Policy, tokens: jax.Array, lengths: jax.Array, max_len: int
-            ) -> tuple[KVCache, jax.Array, jax.Array]:
-    """Right-padded prompts tokens [B, W] -> (cache, next-token logits [B, V], V~ at the end [B])."""
-    logits, out = prefill_prompts(model, tokens, lengths, max_len)
-    return out.cache, logits, at_rows(out.success, jnp.maximum(lengths - 1, 0))
-
-
-def generate_turn(model: Policy, ro: Rollout, spec: TurnSpec, sampling: SamplingConfig
+def generate_turn(model: Policy, ro: Rollout, *, spec: TurnSpec, sampling: SamplingConfig
                   ) -> tuple[Rollout, jax.Array, jax.Array]:
     """Decode one turn for every live slot. Returns (rollout, action [S, A], action_len [S])."""
     s, stop_ids = ro.tree.num_slots, jnp.asarray(spec.stop_ids)
@@ -104,7 +104,7 @@ def generate_turn(model: Policy, ro: Rollout, spec: TurnSpec, sampling: Sampling
         keys = jax.vmap(jax.random.fold_in)(ro.keys, tree.length)
         tok, logp = sample_tokens(ro.logits, keys, sampling.temperature, sampling.top_p)
         pos = jnp.where(active, tree.length, tree.max_len)[:, None]
-        out = model(tok[:, None], cache=ro.cache, num_valid=active.astype(jnp.int32))
+        out, fed = forward(model, ro, tok[:, None], active.astype(jnp.int32))
         tree = dataclasses.replace(
             tree,
             tokens=_write(tree.tokens, pos, tok[:, None]),
@@ -116,7 +116,7 @@ def generate_turn(model: Policy, ro: Rollout, spec: TurnSpec, sampling: Sampling
         action = action.at[:, k].set(jnp.where(active, tok, 0))
         logits = jnp.where(active[:, None], out.logits[:, 0], ro.logits)
         ro = dataclasses.replace(ro, tree=tree, cache=out.cache, logits=logits, decode_steps=ro.decode_steps + 1,
-                                 live_tokens=ro.live_tokens + active.sum())
+                                 live_tokens=ro.live_tokens + active.sum(), fed_positions=fed)
         return k + 1, ro, active & ~jnp.isin(tok, stop_ids), action, action_len + active
 
     init = (jnp.int32(0), ro, ~ro.tree.done, jnp.zeros((s, spec.action_len), jnp.int32),
@@ -138,13 +138,13 @@ def append_observation(model: Policy, ro: Rollout, obs: jax.Array, obs_len: jax.
     width = obs.shape[1]
     pos = jnp.where(jnp.arange(width) < obs_len[:, None], tree.length[:, None] + jnp.arange(width),
                     tree.max_len)
-    out = model(obs, cache=ro.cache, num_valid=obs_len)
+    out, fed = forward(model, ro, obs, obs_len)
     last = jnp.maximum(obs_len - 1, 0)
     has_obs = obs_len > 0
     logits = jnp.where(has_obs[:, None], at_rows(out.logits, last), ro.logits)
     reading = at_rows(out.success, last)
     hidden = at_rows(out.hidden, last)  # [S, D]
-    turn = jnp.where(live, tree.num_turns, tree.boundaries.shape[1])  # out of range -> dropped
+    turn = jnp.where(live, tree.num_turns, tree.max_turns)  # out of range -> dropped
     rows = jnp.arange(tree.num_slots)
     length = tree.length + obs_len
     tree = dataclasses.replace(
@@ -163,16 +163,16 @@ def append_observation(model: Policy, ro: Rollout, obs: jax.Array, obs_len: jax.
         hidden.astype(ro.boundary_hidden.dtype), mode="drop")
     env_state = ro.env_state if env_state is None else _rows_where(live, env_state, ro.env_state)
     return dataclasses.replace(ro, tree=tree, cache=out.cache, logits=logits,
-                               boundary_hidden=boundary_hidden, env_state=env_state)
+                               boundary_hidden=boundary_hidden, env_state=env_state, fed_positions=fed)
 
 
-def run_turns(model: Policy, env: JaxEnv, ro: Rollout, sampling: SamplingConfig) -> Rollout:
+def run_turns(model: Policy, env: JaxEnv, ro: Rollout, *, sampling: SamplingConfig) -> Rollout:
     """Roll every live slot to the end of its episode, all inside the trace (JAX-native env)."""
     spec = TurnSpec.of(env)
 
     def turn_body(_, ro):
         def play(ro):
-            ro, action, action_len = generate_turn(model, ro, spec, sampling)
+            ro, action, action_len = generate_turn(model, ro, spec=spec, sampling=sampling)
             env_state, obs, obs_len, reward, done = env.step(ro.env_state, action, action_len)
             return append_observation(model, ro, obs, obs_len, reward, done, env_state)
 
@@ -188,17 +188,9 @@ HostStep = Callable[[np.ndarray, np.ndarray, np.ndarray],
 def host_turn_fns(model: Policy, spec: TurnSpec, sampling: SamplingConfig):
     """(generate, append) for `run_turns_host`: `generate_turn` and `append_observation` over
     this model, each compiled once (static shapes) and called from Python."""
-    graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def generate(state, ro):
-        return generate_turn(nnx.merge(graphdef, state), ro, spec, sampling)
-
-    @jax.jit
-    def append(state, ro, obs, obs_len, reward, done):
-        return append_observation(nnx.merge(graphdef, state), ro, obs, obs_len, reward, done)
-
-    return functools.partial(generate, state), functools.partial(append, state)
+    generate = jit_with_model(generate_turn, static_argnames=("spec", "sampling"))
+    return (functools.partial(generate, model, spec=spec, sampling=sampling),
+            functools.partial(jit_with_model(append_observation), model))
 
 
 def run_turns_host(generate: Callable[[Rollout], tuple[Rollout, jax.Array, jax.Array]],

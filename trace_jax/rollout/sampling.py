@@ -1,9 +1,29 @@
-"""Token sampling with temperature and nucleus (top-p), one PRNG stream per slot."""
+"""The policy's sampling distribution: temperature and nucleus (top-p), one PRNG stream per slot.
+
+`policy_logprobs` is the one definition of the distribution the sampler draws from; the trainer
+scores tokens with it too, so the importance ratio of an on-policy update is exactly 1 at any
+temperature.
+"""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+
+def policy_logprobs(logits: jax.Array, temperature: float = 1.0) -> jax.Array:
+    """log softmax(logits / temperature) over the last axis, in float32.
+
+    temperature == 0 (greedy) scores the untempered distribution (temperature 1).
+    """
+    scale = 1.0 if temperature == 0.0 else temperature
+    return jax.nn.log_softmax(logits.astype(jnp.float32) / scale, axis=-1)
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float = 1.0) -> jax.Array:
+    """log p(tokens) under `policy_logprobs`: logits [..., V], tokens [...] int -> [...] float32."""
+    logp = policy_logprobs(logits, temperature)
+    return jnp.take_along_axis(logp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
 
 def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: float, top_p: float
@@ -14,11 +34,10 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: float, top_p:
     temperature-scaled distribution before the top-p cut (the policy the trainer scores).
     temperature == 0 means greedy.
     """
+    logp = policy_logprobs(logits, temperature)
     if temperature == 0.0:
         tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        logp = jax.nn.log_softmax(logits, axis=-1)
         return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
-    logp = jax.nn.log_softmax(logits / temperature, axis=-1)
     masked = logp
     if top_p < 1.0:
         sorted_logp = jnp.sort(logp, axis=-1)[:, ::-1]

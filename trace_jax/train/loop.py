@@ -14,7 +14,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from trace_jax import sharding as shd
-from trace_jax.allocation import Allocator
+from trace_jax.allocation import Allocator, Plan
 from trace_jax.checkpoints import load_model, save_model
 from trace_jax.config import TrainConfig, to_dict
 from trace_jax.data.hopworld_tfds import build_dataset
@@ -27,11 +27,11 @@ from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
 from trace_jax.sft import run_sft, split_questions
-from trace_jax.train.checkpoint import RunCheckpoints, abstract_state
+from trace_jax.train.checkpoint import RunCheckpoints, abstract_state, check_resume_config, newest_meta
 from trace_jax.train.step import StepSpec, TrainState, build_step, make_optimizer
 
 PLOT_KEYS = ("reward", "effective_ratio", "eval/success", "eval/success_hop1", "eval/success_hop4", "predictor_loss",
-             "root_brier", "prefix_brier", "generated_tokens", "entropy", "utilisation", "prompts")
+             "root_brier", "prefix_brier", "generated_tokens", "entropy", "utilisation", "prompts", "stage2_unplaced")
 
 
 def base_policy(cfg: TrainConfig) -> Policy:
@@ -49,9 +49,8 @@ def pool_of(batch: dict[str, np.ndarray]) -> Pool:
 
 
 def step_spec(cfg: TrainConfig, roots: int, continuations: int) -> StepSpec:
-    return StepSpec(allocator=Allocator(cfg.allocator, group_size=cfg.group_size,
-                                        max_per_anchor=cfg.max_per_anchor or None),
-                    pool_size=cfg.pool_size, roots=roots, continuations=continuations,
+    allocator = Allocator(cfg.allocator, group_size=cfg.group_size, max_per_anchor=cfg.max_per_anchor or None)
+    return StepSpec(plan=Plan(allocator, roots=roots, continuations=continuations),
                     sampling=SamplingConfig(cfg.temperature, cfg.top_p), clip_eps=cfg.clip_eps,
                     kl_coef=cfg.kl_coef, predictor_coef=cfg.predictor_coef, pad_id=protocol.PAD)
 
@@ -86,9 +85,16 @@ def evaluate(model: Policy, env: HopWorldEnv, questions: np.ndarray, cfg: TrainC
     return {f"eval/{k}": v for k, v in out.items()}
 
 
-def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
-    """Run RL; returns the last step's metrics. Everything lands under cfg.out_dir."""
+def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = False) -> dict[str, float]:
+    """Run RL; returns the last step's metrics. Everything lands under cfg.out_dir.
+
+    resume: continue from the newest checkpoint; fails first thing if there is none, or if `cfg` differs from the
+    config it was saved with beyond `checkpoint.RESUMABLE_CHANGES` (unless `allow_config_change`).
+    """
     out = Path(cfg.out_dir)
+    if resume:  # before any work or write: there is a run to continue, and it is this one
+        checked, meta = newest_meta(out / "checkpoints")
+        check_resume_config(cfg, checked, meta["config"], allow_config_change)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     env = HopWorldEnv(build_world(cfg.world), cfg.world)
@@ -108,6 +114,8 @@ def train(cfg: TrainConfig, resume: bool = False) -> dict[str, float]:
     start = 0
     if resume:
         start, state, meta = ckpts.restore_latest(abstract_state(state))
+        if start != checked:  # fell back past a corrupt checkpoint: check the config that one was saved with
+            check_resume_config(cfg, start, meta["config"], allow_config_change)
         roots, continuations = meta["roots"], meta["continuations"]
         print(f"train: resumed from step {start} ({ckpts.directory})")
     else:

@@ -1,0 +1,72 @@
+"""Shared test toys: one tiny Qwen3 policy config, one tiny HopWorld, a briefly trained policy, one tree factory."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+
+from trace_jax.config import SFTConfig
+from trace_jax.envs.hopworld import HopWorldConfig, build_world
+from trace_jax.envs.hopworld.env import HopWorldEnv
+from trace_jax.envs.hopworld.vocab import VOCAB_SIZE
+from trace_jax.models import ModelConfig, Policy
+from trace_jax.rollout.tree import Tree
+
+TINY_POLICY = ModelConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                          num_kv_heads=1, head_dim=16, rope_theta=1e4)
+TINY_WORLD = HopWorldConfig(seed=2, num_entities=64, num_questions=40, max_turns=5)
+
+
+def tiny_env(cfg: HopWorldConfig = TINY_WORLD) -> HopWorldEnv:
+    return HopWorldEnv(build_world(cfg), cfg)
+
+
+@functools.lru_cache(maxsize=1)
+def trained_policy_state():
+    """(graphdef, params) of TINY_POLICY after a short SFT on TINY_WORLD expert episodes: peaked,
+    not near-uniform, next-token distributions (so small numerical errors show)."""
+    from flax import nnx
+
+    from trace_jax.sft import _train_step, expert_data, make_optimizer
+    from trace_jax.sharding import init_policy
+
+    cfg = dataclasses.replace(SFTConfig(), world=TINY_WORLD, model=TINY_POLICY, steps=120, batch_size=16,
+                              learning_rate=3e-3, warmup_steps=10, episodes=256)
+    env = tiny_env()
+    tokens, mask, _ = expert_data(cfg, env, np.arange(TINY_WORLD.num_questions))
+    model = init_policy(TINY_POLICY, seed=0)
+    optimizer = make_optimizer(model, cfg)
+    rng = np.random.default_rng(0)
+    for _ in range(cfg.steps):
+        rows = rng.choice(len(tokens), cfg.batch_size, replace=False)
+        _train_step(model, optimizer, jnp.asarray(tokens[rows]), jnp.asarray(mask[rows]))
+    return nnx.split(model)
+
+
+def trained_policy() -> Policy:
+    from flax import nnx
+
+    graphdef, params = trained_policy_state()
+    return nnx.merge(graphdef, params)
+
+
+def make_tree(prompt, num_turns, reward, parent=None, branch_turn=None, success=None, turns: int = 3,
+              width: int = 4) -> Tree:
+    """Slot arrays for allocation and objectives tests: slot s played num_turns[s] turns (boundaries
+    10, 20, ...), readings at node indices <= num_turns (0.5 unless given), roots unless parent given."""
+    prompt, num_turns = np.asarray(prompt, np.int32), np.asarray(num_turns, np.int32)
+    s = len(prompt)
+    none = np.full(s, Tree.NO_PARENT, np.int32)
+    if success is None:
+        success = np.where(np.arange(turns + 1) <= num_turns[:, None], 0.5, Tree.NO_READING)
+    boundaries = np.where(np.arange(turns) < num_turns[:, None], 10 * (np.arange(turns) + 1), Tree.NO_TURN)
+    empty = Tree.empty(s, width, turns, pad_id=0)
+    return dataclasses.replace(
+        empty, boundaries=jnp.asarray(boundaries, jnp.int32), success=jnp.asarray(success, jnp.float32),
+        num_turns=jnp.asarray(num_turns), prompt=jnp.asarray(prompt),
+        parent=jnp.asarray(none if parent is None else parent, jnp.int32),
+        branch_turn=jnp.asarray(none if branch_turn is None else branch_turn, jnp.int32),
+        reward=jnp.asarray(reward, jnp.float32))

@@ -1,0 +1,29 @@
+"""The compiled step scores the distribution it sampled from, at any temperature."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from toy import tiny_env, trained_policy_state
+from trace_jax.allocation import Allocator, Plan
+from trace_jax.envs.hopworld import protocol
+from trace_jax.evaluate import question_pool
+from trace_jax.rollout.engine import SamplingConfig
+from trace_jax.train.step import StepSpec, TrainState, build_step, make_optimizer
+
+PLAN = Plan(Allocator("trace"), roots=8, continuations=2)
+
+
+def test_first_update_is_exactly_on_policy(temperature=0.7, top_p=0.9):
+    """A trained (peaked) policy, so a mis-scored distribution shows: every policy token's ratio is 1."""
+    graphdef, params = trained_policy_state()
+    params = jax.tree.map(jnp.copy, params)
+    tx = make_optimizer(1e-3, 1.0)
+    state = TrainState(params=params, opt_state=tx.init(params), ref_params=jax.tree.map(jnp.copy, params),
+                       step=jnp.zeros((), jnp.int32))
+    spec = StepSpec(plan=PLAN, sampling=SamplingConfig(temperature, top_p), clip_eps=0.2, kl_coef=0.1,
+                    predictor_coef=1.0, pad_id=protocol.PAD)
+    env = tiny_env()
+    _, metrics = build_step(graphdef, tx, spec)(state, env, question_pool(env, np.arange(4)), jax.random.key(0))
+    assert float(metrics["ratio_max_dev"]) < 1e-5
+    assert float(metrics["clip_frac"]) == 0.0 and abs(float(metrics["kl_ref"])) < 1e-6

@@ -1,0 +1,1 @@
+"""Benchmark commands (`trace-jax bench ...`): each prints ratios against a baseline run in the same process."""
