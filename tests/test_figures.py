@@ -29,15 +29,15 @@ def test_stage1_is_exact_at_the_papers_scale(num_prompts, distinct):
     check_root_counts(v, m, 1024)
 
 
-@pytest.mark.parametrize("n, saved", [(2, 0.3), (6, 0.5)])
-def test_forks_save_processed_positions_at_the_benchmarks_setting(n, saved):
+@pytest.mark.parametrize("n, processed_saved, useful_saved", [(2, 0.25, 0.4), (6, 0.33, 0.5)])
+def test_forks_save_positions_at_the_benchmarks_setting(n, processed_saved, useful_saved):
     """`trace-jax bench sampler`'s tree setting: 8 prompts x 4 roots, 3-turn HopWorld, HopWorld-size policy."""
     wcfg = HopWorldConfig(max_hops=2, max_turns=3, num_questions=512)
     r = tree_fork_vs_reprefill(init_policy(SFTConfig().model, 0), HopWorldEnv(build_world(wcfg), wcfg),
                                num_prompts=8, roots_per_prompt=4, n=n, repeats=1)
     assert r["slot_len_fork"] == r["slot_len_reprefill"]
-    assert 1 - r["processed_fork"] / r["processed_reprefill"] >= saved
-    assert 1 - r["useful_fork"] / r["useful_reprefill"] >= saved
+    assert 1 - r["processed_fork"] / r["processed_reprefill"] >= processed_saved
+    assert 1 - r["useful_fork"] / r["useful_reprefill"] >= useful_saved
 
 
 def test_default_sft_policy_is_competent_but_imperfect(tmp_path):

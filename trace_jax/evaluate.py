@@ -18,12 +18,8 @@ from trace_jax.rollout.expand import Pool, rollout_prompts
 
 def prompts(env: HopWorldEnv, question_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """Right-padded chat prompts [N, P] and their lengths [N] for HopWorld questions."""
-    ids = np.full((len(question_ids), env.cfg.prompt_len), protocol.PAD, np.int32)
-    lens = np.zeros(len(question_ids), np.int32)
-    for row, q in enumerate(question_ids):
-        p = protocol.prompt_ids(env.world.question_ids(int(q)))
-        ids[row, : len(p)], lens[row] = p, len(p)
-    return ids, lens
+    rows = [protocol.prompt_ids(env.world.question_ids(int(q))) for q in question_ids]
+    return protocol.pad_rows(rows, env.cfg.prompt_len)
 
 
 def question_pool(env: HopWorldEnv, question_ids: Sequence[int]) -> Pool:

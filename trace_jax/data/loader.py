@@ -37,10 +37,7 @@ class PromptLoader:
         longest = max(len(p) for p in prompts)
         if longest > prompt_len:
             raise ValueError(f"a prompt has {longest} tokens, more than prompt_len={prompt_len}")
-        self.prompt_ids = np.full((len(rows), prompt_len), protocol.PAD, np.int32)  # [N, P]
-        for i, p in enumerate(prompts):
-            self.prompt_ids[i, : len(p)] = p
-        self.prompt_lens = np.array([len(p) for p in prompts], np.int32)  # [N]
+        self.prompt_ids, self.prompt_lens = protocol.pad_rows(prompts, prompt_len)  # [N, P], [N]
         self.question_ids = np.array([int(ex["question_id"]) for ex in rows], np.int32)  # [N]
         self.hops = np.array([int(ex["hops"]) for ex in rows], np.int32)  # [N]
         self.batch_size, self.seed, self.shuffle = batch_size, seed, shuffle

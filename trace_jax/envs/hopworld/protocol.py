@@ -7,6 +7,8 @@ optionally followed by end tokens (`<eos>`, `<|im_end|>`).
 
 from __future__ import annotations
 
+import numpy as np
+
 from trace_jax.envs.hopworld import vocab
 
 PAD = vocab.WORD_TO_ID[vocab.PAD]
@@ -47,3 +49,14 @@ def prompt_ids(question: list[int]) -> list[int]:
 
 
 PROMPT_OVERHEAD = len(prompt_ids([]))
+
+
+def pad_rows(rows: list[list[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
+    """Token rows right-padded with PAD: (ids [N, width] int32, lengths [N] int32)."""
+    longest = max((len(r) for r in rows), default=0)
+    if longest > width:
+        raise ValueError(f"a row has {longest} tokens, more than the width {width}")
+    out = np.full((len(rows), width), PAD, np.int32)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out, np.array([len(r) for r in rows], np.int32)

@@ -190,14 +190,6 @@ def _sample_questions(
     )
 
 
-def _pad_rows(rows: list[list[int]], width: int) -> tuple[np.ndarray, np.ndarray]:
-    out = np.full((len(rows), width), protocol.PAD, np.int32)
-    for i, row in enumerate(rows):
-        assert len(row) <= width, (len(row), width)
-        out[i, : len(row)] = row
-    return out, np.array([len(r) for r in rows], np.int32)
-
-
 def build_world(cfg: HopWorldConfig) -> World:
     """Generate the world of `cfg` (deterministic in cfg.seed and the size fields)."""
     rng = np.random.default_rng(cfg.seed)
@@ -208,15 +200,15 @@ def build_world(cfg: HopWorldConfig) -> World:
     ids = {t: np.flatnonzero(entity_types == t) for t in range(len(TYPE_NAMES))}
     rel = _sample_relations(rng, ids, cfg.num_entities)
 
-    name_arr, name_lens = _pad_rows([vocab.encode(n) for n in names], NAME_LEN)
+    name_arr, name_lens = protocol.pad_rows([vocab.encode(n) for n in names], NAME_LEN)
     doc_rows = [vocab.encode(_document(names, rel[e], e)) for e in range(cfg.num_entities)]
-    docs, doc_lens = _pad_rows(doc_rows, DOC_LEN)
+    docs, doc_lens = protocol.pad_rows(doc_rows, DOC_LEN)
     doc_bag = np.zeros((cfg.num_entities, vocab.VOCAB_SIZE), bool)
     for e, row in enumerate(doc_rows):
         doc_bag[e, row] = True
 
     qs = _sample_questions(rng, rel, cfg)
-    questions, question_lens = _pad_rows(
+    questions, question_lens = protocol.pad_rows(
         [vocab.encode(_question(names, s, p)) for s, p, _ in qs], QUESTION_LEN
     )
     paths = np.full((len(qs), cfg.max_hops), -1, np.int32)
