@@ -169,11 +169,41 @@ def calibration_report(pred: jax.Array, targets: jax.Array, weight: jax.Array, b
     return {"root_brier": root[0], "root_ece": root[1], "prefix_brier": prefix[0], "prefix_ece": prefix[1]}
 
 
-def effective_ratio(tree: Tree) -> jax.Array:
-    """Share of prompts with rollouts whose leaves have contrast (max reward > min reward)."""
+def solve_rates(tree: Tree) -> dict[str, jax.Array]:
+    """Shares of the opened prompts whose leaves all succeed, all fail, or are mixed (the effective ratio)."""
     s = tree.num_slots
     ids, used = _prompt_ids(tree)
     hi = jax.ops.segment_max(jnp.where(used, tree.reward, -jnp.inf), ids, s + 1)[:s]
     lo = jax.ops.segment_min(jnp.where(used, tree.reward, jnp.inf), ids, s + 1)[:s]
     has = jax.ops.segment_sum(used.astype(jnp.float32), ids, s + 1)[:s] > 0
-    return jnp.sum(has & (hi > lo)) / jnp.maximum(jnp.sum(has), 1)
+    opened = jnp.maximum(jnp.sum(has), 1)
+    return {"solve_all": jnp.sum(has & (lo > 0.5)) / opened, "solve_none": jnp.sum(has & (hi <= 0.5)) / opened,
+            "solve_partial": jnp.sum(has & (hi > lo)) / opened}
+
+
+def effective_ratio(tree: Tree) -> jax.Array:
+    """Share of prompts with rollouts whose leaves have contrast (max reward > min reward)."""
+    return solve_rates(tree)["solve_partial"]
+
+
+def auc(score: jax.Array, label: jax.Array, mask: jax.Array) -> jax.Array:
+    """Area under the ROC curve of `score` for binary `label` over `mask` (any equal shapes): the chance a
+    positive outscores a negative, ties counting half (Mann-Whitney U). 0.5 when a class is empty."""
+    mask = mask.reshape(-1)
+    x = jnp.where(mask, score.reshape(-1).astype(jnp.float32), jnp.inf)  # masked entries rank last
+    ordered = jnp.sort(x)
+    rank = (jnp.searchsorted(ordered, x, side="left") + jnp.searchsorted(ordered, x, side="right") + 1) / 2.0
+    pos = mask & label.reshape(-1).astype(bool)
+    n_pos, n_neg = pos.sum(), (mask & ~pos).sum()
+    u = jnp.sum(jnp.where(pos, rank, 0.0)) - n_pos * (n_pos + 1) / 2.0
+    return jnp.where((n_pos > 0) & (n_neg > 0), u / jnp.maximum(n_pos * n_neg, 1), 0.5)
+
+
+def predictor_report(tree: Tree) -> dict[str, jax.Array]:
+    """How well V~ separates outcomes: AUC of each reading against the leaf outcome of its slot, for the
+    roots' prompt reads (node 0 of root slots) and for prefix reads (turn nodes of every used slot)."""
+    win = tree.reward > 0.5
+    root_mask = (tree.is_root & tree.has_reading[:, 0])[:, None]
+    prefix_mask = tree.used[:, None] & tree.has_reading[:, 1:]
+    return {"root_auc": auc(tree.success[:, :1], win[:, None], root_mask),
+            "prefix_auc": auc(tree.success[:, 1:], jnp.broadcast_to(win[:, None], prefix_mask.shape), prefix_mask)}

@@ -106,7 +106,7 @@ def init_policy(cfg: ModelConfig, seed: int, mesh: Mesh | None = None, rules: Ru
 
 
 def sharded_forward(model: Policy, mesh: Mesh, batch_shape: tuple[int, int], rules: Rules | None = None):
-    """(state, fn) where fn(state, input_ids [B, T]) -> ModelOutput is jitted with explicit
+    """(state, fn) where fn(state, input_ids [rows, positions]) -> ModelOutput is jitted with explicit
     in/out shardings: params on their rules, batch rows over (data, fsdp)."""
     graphdef, state = nnx.split(model)
     b, t = batch_shape

@@ -1,1 +1,2 @@
-"""Benchmark commands (`trace-jax bench ...`): each prints ratios against a baseline run in the same process."""
+"""Benchmark commands (`trace-jax bench ...`): several timed runs after a warm-up, median and spread;
+comparisons run both sides back to back in the same process."""

@@ -104,7 +104,9 @@ def transformers_tokens_per_s(model: Policy, batch: int, prompt_len: int, steps:
     """Generated tokens/s of transformers' PyTorch `generate` (sampling) on the same weights, per timed run."""
     import torch
     from transformers import Qwen3ForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     with tempfile.TemporaryDirectory() as d:
         save_pretrained(model, d)
         ref = Qwen3ForCausalLM.from_pretrained(d).eval()

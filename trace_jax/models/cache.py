@@ -19,9 +19,9 @@ class KVCache:
     everything at or after lengths[b] is stale and masked by causality.
     """
 
-    k: tuple[jax.Array, ...]  # num_layers x [B, S, kv_heads, head_dim]
-    v: tuple[jax.Array, ...]  # num_layers x [B, S, kv_heads, head_dim]
-    lengths: jax.Array  # [B] int32
+    k: tuple[jax.Array, ...]  # num_layers x [rows, cache_len, kv_heads, head_dim]
+    v: tuple[jax.Array, ...]  # num_layers x [rows, cache_len, kv_heads, head_dim]
+    lengths: jax.Array  # [rows] int32
 
     @classmethod
     def init(cls, cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
@@ -48,5 +48,5 @@ class KVCache:
         return KVCache(k=tuple(map(widen, self.k)), v=tuple(map(widen, self.v)), lengths=self.lengths)
 
     def with_lengths(self, lengths: jax.Array) -> KVCache:
-        """Same cache, truncated (logically) to `lengths` [B] positions per row."""
+        """Same cache, truncated (logically) to `lengths` [rows] positions per row."""
         return dataclasses.replace(self, lengths=lengths.astype(jnp.int32))

@@ -63,7 +63,7 @@ _greedy_jit = jit_with_model(_greedy, static_argnames=("steps", "max_len"))
 
 def greedy_generate(model: Policy, input_ids: jax.Array, lengths: jax.Array, steps: int,
                     max_len: int | None = None) -> jax.Array:
-    """Greedy continuation of right-padded prompts: [B, steps] new token ids (one compile per shape)."""
+    """Greedy continuation of right-padded prompts: [rows, steps] new token ids (one compile per shape)."""
     max_len = input_ids.shape[1] + steps if max_len is None else max_len
     if max_len < input_ids.shape[1] + steps:
         raise ValueError(f"max_len={max_len} is too short for prompts of {input_ids.shape[1]} + {steps} steps")

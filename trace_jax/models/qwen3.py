@@ -1,8 +1,10 @@
 """Qwen3-architecture decoder in Flax NNX with a scalar success head on the same backbone.
 
 Parameters carry logical axis names in their `axes` metadata; `trace_jax.sharding` maps them to
-mesh axes. Layouts (ours, HF's are transposed in `hf_io`):
-  embed [V, D], q [D, N, H], k/v [D, K, H], o [N, H, D], gate/up [D, F], down [F, D], lm_head [D, V].
+mesh axes. Dimensions are named in words here (rows, positions, heads, ...); the rollout's shape
+letters (B, M, N, S, T, ...) are defined in `rollout/tree.py`. Parameter layouts (ours; HF's are
+transposed in `hf_io`): embed [vocab, hidden], q [hidden, heads, head_dim], k/v [hidden, kv_heads,
+head_dim], o [heads, head_dim, hidden], gate/up [hidden, mlp], down [mlp, hidden], lm_head [hidden, vocab].
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from trace_jax.models.config import ModelConfig
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class ModelOutput:
-    logits: jax.Array  # [B, T, V] float32
-    hidden: jax.Array  # [B, T, D] final normed hidden state, compute dtype
-    success: jax.Array  # [B, T] float32, sigmoid of the success head
+    logits: jax.Array  # [rows, positions, vocab] float32
+    hidden: jax.Array  # [rows, positions, hidden] final normed hidden state, compute dtype
+    success: jax.Array  # [rows, positions] float32, sigmoid of the success head
     cache: KVCache | None
 
 
@@ -43,11 +45,12 @@ class RMSNorm(nnx.Module):
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotary embedding (HF rotate-half convention). x [B, T, n, H], positions [B, T]."""
+    """Rotary embedding (HF rotate-half convention). x [rows, positions, heads, head_dim], positions
+    [rows, positions]."""
     head_dim = x.shape[-1]
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, H/2]
-    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, T, 1, H]
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [rows, positions, head_dim/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [rows, positions, 1, head_dim]
     cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
     x1, x2 = jnp.split(x, 2, axis=-1)
     return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
@@ -77,10 +80,11 @@ class Attention(nnx.Module):
 
     def __call__(self, x: jax.Array, positions: jax.Array, layer_kv: tuple[jax.Array, jax.Array] | None,
                  ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """x [B, T, D], positions [B, T]; layer_kv: this layer's cache ([B, S, K, H] each) or None."""
+        """x [rows, positions, hidden], positions [rows, positions] (RoPE positions); layer_kv: this
+        layer's cache ([rows, cache_len, kv_heads, head_dim] each) or None."""
         cfg = self.cfg
-        q = rope(self.q_norm(self._project(x, "q")), positions, cfg.rope_theta)  # [B, T, N, H]
-        k = rope(self.k_norm(self._project(x, "k")), positions, cfg.rope_theta)  # [B, T, K, H]
+        q = rope(self.q_norm(self._project(x, "q")), positions, cfg.rope_theta)  # [rows, positions, heads, head_dim]
+        k = rope(self.k_norm(self._project(x, "k")), positions, cfg.rope_theta)  # [rows, positions, kv_heads, head_dim]
         v = self._project(x, "v")
         if layer_kv is None:
             keys, values, key_pos = k, v, positions
@@ -93,7 +97,7 @@ class Attention(nnx.Module):
         groups = n // cfg.num_kv_heads
         qg = q.reshape(b, t, cfg.num_kv_heads, groups, h)
         scores = jnp.einsum("btkgh,bskh->bkgts", qg, keys).astype(jnp.float32) * (h ** -0.5)
-        causal = key_pos[:, None, :] <= positions[:, :, None]  # [B, T, S]
+        causal = key_pos[:, None, :] <= positions[:, :, None]  # [rows, positions, cache_len]
         scores = jnp.where(causal[:, None, None], scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
         out = jnp.einsum("bkgts,bskh->btkgh", probs, values).reshape(b, t, n, h)
@@ -145,26 +149,26 @@ class Policy(nnx.Module):
         self.success_bias = nnx.Param(jnp.zeros((), jnp.float32), axes=())
 
     def logits_from_hidden(self, hidden: jax.Array) -> jax.Array:
-        """LM head on final normed hidden states [..., D] -> float32 logits [..., V]."""
+        """LM head on final normed hidden states [..., hidden] -> float32 logits [..., vocab]."""
         head = self.embed_tokens[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
         return (hidden @ head.astype(hidden.dtype)).astype(jnp.float32)
 
     def success_from_hidden(self, hidden: jax.Array) -> jax.Array:
-        """Success head V~: sigmoid of a linear read of the final hidden state [..., D] -> [...]."""
+        """Success head V~: sigmoid of a linear read of the final hidden state [..., hidden] -> [...]."""
         return jax.nn.sigmoid(hidden.astype(jnp.float32) @ self.success_kernel[...] + self.success_bias[...])
 
     def __call__(self, input_ids: jax.Array, *, cache: KVCache | None = None,
                  num_valid: jax.Array | None = None) -> ModelOutput:
-        """Forward `input_ids` [B, T].
+        """Forward `input_ids` [rows, positions].
 
-        Without a cache: a causal pass over positions 0..T-1 (pads at the end are harmless).
-        With a cache: row b's tokens go to positions cache.lengths[b] + t; `num_valid` [B] (default
-        T) of them are real and the returned cache's lengths advance by that much.
+        Without a cache: a causal pass over positions 0..n-1 (pads at the end are harmless).
+        With a cache: row b's tokens go to positions cache.lengths[b] + t; `num_valid` [rows] (default
+        all n) of them are real and the returned cache's lengths advance by that much.
         """
         b, t = input_ids.shape
         cfg = self.cfg
         start = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
-        positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
+        positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [rows, positions]
         x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(cfg.jnp_dtype)
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):

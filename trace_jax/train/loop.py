@@ -31,7 +31,8 @@ from trace_jax.train.checkpoint import RunCheckpoints, abstract_state, check_res
 from trace_jax.train.step import StepSpec, TrainState, build_step, make_optimizer
 
 PLOT_KEYS = ("reward", "effective_ratio", "eval/success", "eval/success_hop1", "eval/success_hop4", "predictor_loss",
-             "root_brier", "prefix_brier", "generated_tokens", "entropy", "utilisation", "prompts", "stage2_unplaced")
+             "root_brier", "prefix_brier", "root_auc", "prefix_auc", "pool_v_std", "generated_tokens", "entropy",
+             "utilisation", "prompts", "stage2_unplaced")
 
 
 def base_policy(cfg: TrainConfig) -> Policy:

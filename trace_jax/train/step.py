@@ -26,6 +26,8 @@ from trace_jax.objectives import (
     node_targets,
     policy_loss,
     predictor_loss,
+    predictor_report,
+    solve_rates,
 )
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool, expand
@@ -134,8 +136,9 @@ def build_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: S
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
         new_state, skipped = apply_update(tx, state, grads, loss)
         calib = calibration_report(jnp.clip(tree.success, 0.0, 1.0), targets, weight)
-        metrics = dict(rollout_metrics(tree, pool, stats), **aux, **calib, loss=loss, skipped=skipped,
-                       grad_norm=optax.tree.norm(grads), pool_v=pool_v.mean(),
+        quality = dict(calib, **predictor_report(tree), **solve_rates(tree))
+        metrics = dict(rollout_metrics(tree, pool, stats), **aux, **quality, loss=loss, skipped=skipped,
+                       grad_norm=optax.tree.norm(grads), pool_v=pool_v.mean(), pool_v_std=pool_v.std(),
                        adv_abs=jnp.sum(jnp.abs(adv) * tree.used) / jnp.maximum(tree.used.sum(), 1))
         return new_state, metrics
 
