@@ -19,7 +19,8 @@ import jax
 import jax.numpy as jnp
 
 from trace_jax.rollout.tree import Tree
-from trace_jax.solvers import concrete, prefix_counts, root_counts
+from trace_jax.solvers import prefix_counts, root_counts
+from trace_jax.validate import concrete
 
 __all__ = ["ALLOCATORS", "Allocator", "Plan", "anchor_groups", "anchors_to_slots", "pcl_roots", "prefix_counts",
            "random_prefix_counts", "repeat_chance", "root_counts", "root_slots", "uniform_prefix_counts",

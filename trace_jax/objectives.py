@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from trace_jax.rollout.tree import Tree
+from trace_jax.validate import concrete
 
 
 def _prompt_ids(tree: Tree) -> tuple[jax.Array, jax.Array]:
@@ -117,7 +118,8 @@ def policy_loss(logp_new: jax.Array, logp_old: jax.Array, mask: jax.Array, adv: 
     ratio_mean, ratio_max_dev (max |ratio - 1|: 0 on the first, on-policy update), and kl_ref when
     ref_logp is given.
     """
-    if ref_logp is None and (isinstance(kl_coef, jax.core.Tracer) or kl_coef):
+    kl = concrete(kl_coef)
+    if ref_logp is None and (kl is None or kl != 0):
         raise ValueError("a KL coefficient needs ref_logp")
     mask = mask.astype(bool)
     log_ratio = logp_new - logp_old

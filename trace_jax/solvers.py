@@ -11,10 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-
-def concrete(x: jax.Array) -> np.ndarray | None:
-    """x as a NumPy array when its value is known (outside jit), else None."""
-    return None if isinstance(x, jax.core.Tracer) else np.asarray(x)
+from trace_jax.validate import concrete
 
 
 def _stage1_values(v: jax.Array, num_roots: int) -> jax.Array:

@@ -25,7 +25,7 @@ from trace_jax.models.jit import jit_with_model
 from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import Rollout, SamplingConfig, TurnSpec, max_len, run_turns
 from trace_jax.rollout.tree import Tree
-from trace_jax.solvers import concrete
+from trace_jax.validate import concrete
 
 
 @jax.tree_util.register_dataclass
