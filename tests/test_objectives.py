@@ -13,7 +13,6 @@ from trace_jax.objectives import (
     auc,
     calibration,
     calibration_report,
-    effective_ratio,
     entropy,
     node_targets,
     policy_loss,
@@ -69,11 +68,11 @@ def test_hand_tree_advantages():
 
 
 def test_effective_ratio():
-    assert float(effective_ratio(HAND)) == 1.0
+    assert float(solve_rates(HAND)["solve_partial"]) == 1.0
     lost = make_tree(prompt=[7, 7, 3, 3, 7, 7, 3, -1], parent=[-1, -1, -1, -1, 0, 0, 2, -1],
                      branch_turn=[-1, -1, -1, -1, 0, 1, 0, -1], num_turns=[3, 2, 2, 1, 3, 3, 3, 0],
                      reward=[1, 0, 0, 0, 0, 1, 0, 1])  # prompt 3 all 0; the unused slot's 1 must not count
-    assert float(jax.jit(effective_ratio)(lost)) == 0.5
+    assert float(jax.jit(solve_rates)(lost)["solve_partial"]) == 0.5
 
 
 @st.composite

@@ -172,7 +172,8 @@ def calibration_report(pred: jax.Array, targets: jax.Array, weight: jax.Array, b
 
 
 def solve_rates(tree: Tree) -> dict[str, jax.Array]:
-    """Shares of the opened prompts whose leaves all succeed, all fail, or are mixed (the effective ratio)."""
+    """Shares of the opened prompts whose leaves all succeed, all fail, or are mixed (solve_partial: the
+    effective ratio, the share whose tree has contrast, max reward > min reward)."""
     s = tree.num_slots
     ids, used = _prompt_ids(tree)
     hi = jax.ops.segment_max(jnp.where(used, tree.reward, -jnp.inf), ids, s + 1)[:s]
@@ -181,11 +182,6 @@ def solve_rates(tree: Tree) -> dict[str, jax.Array]:
     opened = jnp.maximum(jnp.sum(has), 1)
     return {"solve_all": jnp.sum(has & (lo > 0.5)) / opened, "solve_none": jnp.sum(has & (hi <= 0.5)) / opened,
             "solve_partial": jnp.sum(has & (hi > lo)) / opened}
-
-
-def effective_ratio(tree: Tree) -> jax.Array:
-    """Share of prompts with rollouts whose leaves have contrast (max reward > min reward)."""
-    return solve_rates(tree)["solve_partial"]
 
 
 def auc(score: jax.Array, label: jax.Array, mask: jax.Array) -> jax.Array:

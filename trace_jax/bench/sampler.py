@@ -162,7 +162,7 @@ def tree_fork_vs_reprefill(model: Policy, env: HopWorldEnv, num_prompts: int, ro
     fork_times, fork_compile, cont = _repeat(jit_with_model(forks), repeats, *args)
     re_times, _, re_cont = _repeat(jit_with_model(reprefill), repeats, *args)
     cont, re_cont = jax.device_get(cont), jax.device_get(re_cont)
-    common_processed = int(pool.tokens.size) + int(ro.fed_positions)
+    common_processed = int(ro.fed_positions)  # pool prefill and root rollouts
     common_useful = int(pool.lengths.sum()) + int(rt.model_tokens.sum())
     return {
         "slot_len_fork": cont.tree.max_len, "slot_len_reprefill": re_cont.tree.max_len,

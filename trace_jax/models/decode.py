@@ -25,7 +25,6 @@ class Prefill:
     cache: KVCache  # rows x max_len positions, lengths = the prompts' lengths
     logits: jax.Array  # [rows, vocab] next-token logits
     success: jax.Array  # [rows] V~ of each prompt
-    hidden: jax.Array  # [rows, hidden] final hidden state at the last token
 
 
 def prefill(model: Policy, input_ids: jax.Array, lengths: jax.Array, max_len: int) -> Prefill:
@@ -34,8 +33,7 @@ def prefill(model: Policy, input_ids: jax.Array, lengths: jax.Array, max_len: in
     cache = KVCache.init(model.cfg, input_ids.shape[0], max_len)
     out = model(input_ids, cache=cache, num_valid=lengths)
     last = jnp.maximum(lengths - 1, 0)
-    return Prefill(cache=out.cache, logits=at_rows(out.logits, last), success=at_rows(out.success, last),
-                   hidden=at_rows(out.hidden, last))
+    return Prefill(cache=out.cache, logits=at_rows(out.logits, last), success=at_rows(out.success, last))
 
 
 def decode_step(model: Policy, tokens: jax.Array, cache: KVCache) -> ModelOutput:

@@ -69,7 +69,7 @@ class Rollout:
     keys: jax.Array  # [S] PRNG key per slot; the token at position p uses fold_in(key, p)
     decode_steps: jax.Array  # [] int32 decode loop iterations so far
     live_tokens: jax.Array  # [] int32 tokens those iterations generated (utilisation = live / (S x steps))
-    fed_positions: jax.Array  # [] int32 rows x positions of every forward so far, padding and idle rows included
+    fed_positions: jax.Array  # [] int32 rows x positions of every forward since the prefill, padding included
 
 
 def forward(model: Policy, ro: Rollout, ids: jax.Array, num_valid: jax.Array) -> tuple[ModelOutput, jax.Array]:

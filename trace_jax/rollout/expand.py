@@ -57,7 +57,7 @@ def start_roots(model: Policy, env: JaxEnv, pool: Pool, prefilled: Prefill, prom
     """Root slots [M] at the start of their episodes, copying their prompt's prefilled cache row.
 
     prompt_of_slot [M]: pool index per slot, NO_PROMPT for unused; keys [M]; slot_len: L (default:
-    the prompt width plus T full turns).
+    the prompt width plus T full turns). `fed_positions` starts at the pool prefill's B x P positions.
     """
     _check_slots("prompt_of_slot", prompt_of_slot, pool.tokens.shape[0])
     spec = TurnSpec.of(env)
@@ -83,7 +83,7 @@ def start_roots(model: Policy, env: JaxEnv, pool: Pool, prefilled: Prefill, prom
                    logits=prefilled.logits[src],
                    boundary_hidden=jnp.zeros((m, spec.max_turns, model.cfg.hidden_size), model.cfg.jnp_dtype),
                    env_state=env.reset(tree.question), keys=keys, decode_steps=jnp.zeros((), jnp.int32),
-                   live_tokens=jnp.zeros((), jnp.int32), fed_positions=jnp.zeros((), jnp.int32))
+                   live_tokens=jnp.zeros((), jnp.int32), fed_positions=jnp.int32(pool.tokens.size))
 
 
 def fork(model: Policy, env: JaxEnv, roots: Rollout, parent: jax.Array, branch_turn: jax.Array,
@@ -145,7 +145,7 @@ def restart(model: Policy, env: JaxEnv, roots: Rollout, parent: jax.Array, branc
     Slot i restarts after turn branch_turn[i] of root parent[i] (all >= 0); width: static prefix
     width >= every prefix length. Slots have the roots' length L, as forks do. With the same keys it
     samples what `fork` samples (the baseline of `trace-jax bench sampler`). The prefill's rows x
-    width positions are counted in `fed_positions`.
+    width positions start its `fed_positions`.
     """
     rt = roots.tree
     cut = rt.boundaries[parent, branch_turn]
@@ -155,7 +155,7 @@ def restart(model: Policy, env: JaxEnv, roots: Rollout, parent: jax.Array, branc
                      keys, pad_id=pad_id, slot_len=rt.max_len)
     turns = branch_turn + 1
     return dataclasses.replace(ro, tree=dataclasses.replace(ro.tree, num_turns=turns),
-                               env_state=env.at_turn(ro.env_state, turns), fed_positions=jnp.int32(prefix.size))
+                               env_state=env.at_turn(ro.env_state, turns))
 
 
 def concat(a: Tree, b: Tree) -> Tree:
@@ -189,7 +189,7 @@ def expand(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan
     stats = {"utilisation": sum(p.live_tokens for p in phases) / jnp.maximum(capacity, 1),
              "decode_steps": sum(p.decode_steps for p in phases),
              "live_tokens": sum(p.live_tokens for p in phases),
-             "fed_positions": pool.tokens.size + sum(p.fed_positions for p in phases),
+             "fed_positions": sum(p.fed_positions for p in phases),
              "stage2_unplaced": unplaced}
     return tree, pre.success, stats
 

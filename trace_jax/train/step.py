@@ -21,7 +21,6 @@ from trace_jax.envs.base import JaxEnv
 from trace_jax.objectives import (
     advantages,
     calibration_report,
-    effective_ratio,
     entropy,
     node_targets,
     policy_loss,
@@ -89,10 +88,12 @@ def rollout_metrics(tree: Tree, pool: Pool, stats: dict[str, jax.Array]) -> dict
     new_turn_reads = tree.has_reading & (idx >= 1) & (idx > tree.branch_turn[:, None] + 1)
     prompts_used = jnp.zeros(pool.lengths.shape, jnp.int32).at[
         jnp.where(used, tree.prompt, pool.lengths.shape[0])].add(1, mode="drop") > 0
+    rates = solve_rates(tree)  # solve_partial is the effective ratio
     return {
+        **rates,
         "reward": jnp.sum(tree.reward * used) / jnp.maximum(used.sum(), 1),
         "root_reward": jnp.sum(tree.reward * roots) / jnp.maximum(roots.sum(), 1),
-        "effective_ratio": effective_ratio(tree),
+        "effective_ratio": rates["solve_partial"],
         "leaves": used.sum(),
         "prompts": prompts_used.sum(),
         "continuations": conts.sum(),
@@ -136,9 +137,8 @@ def build_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: S
         (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
         new_state, skipped = apply_update(tx, state, grads, loss)
         calib = calibration_report(jnp.clip(tree.success, 0.0, 1.0), targets, weight)
-        quality = dict(calib, **predictor_report(tree), **solve_rates(tree))
-        metrics = dict(rollout_metrics(tree, pool, stats), **aux, **quality, loss=loss, skipped=skipped,
-                       grad_norm=optax.tree.norm(grads), pool_v=pool_v.mean(), pool_v_std=pool_v.std(),
+        metrics = dict(rollout_metrics(tree, pool, stats), **aux, **calib, **predictor_report(tree), loss=loss,
+                       skipped=skipped, grad_norm=optax.tree.norm(grads), pool_v=pool_v.mean(), pool_v_std=pool_v.std(),
                        adv_abs=jnp.sum(jnp.abs(adv) * tree.used) / jnp.maximum(tree.used.sum(), 1))
         return new_state, metrics
 
