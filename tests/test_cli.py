@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 from flax import nnx
 from transformers import Qwen3ForCausalLM
@@ -63,3 +64,13 @@ def test_data_show_renders_expert_and_policy_episodes(tmp_path, capsys):
     assert sampled.startswith("<|im_start|> user") and "(answer: " in sampled
     assert main(["data", "show", "--question", "99999"]) == 2
     assert "--question must be in" in capsys.readouterr().err
+
+
+def test_bench_flags_reject_bad_numbers_by_name(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "solver", "--roots", "512,x"])
+    err = capsys.readouterr().err
+    assert "argument --roots: invalid comma-separated list of positive integers value: '512,x'" in err
+    with pytest.raises(SystemExit):
+        main(["bench", "sampler", "--repeats", "0"])
+    assert "argument --repeats: invalid positive integer value: '0'" in capsys.readouterr().err

@@ -68,8 +68,27 @@ def _bench_sampler(args: argparse.Namespace) -> int:
 def _bench_solver(args: argparse.Namespace) -> int:
     from trace_jax.bench.solver import run_solver_bench
 
-    run_solver_bench(tuple(int(x) for x in args.pool_sizes.split(",")), tuple(int(x) for x in args.roots.split(",")))
+    run_solver_bench(args.pool_sizes, args.roots)
     return 0
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse turns the ValueError into a usage error naming the flag)."""
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+_positive_int.__name__ = "positive integer"  # how argparse names the type in its error
+
+
+def _positive_ints(text: str) -> tuple[int, ...]:
+    """argparse type: comma-separated integers >= 1, e.g. 256,512."""
+    return tuple(_positive_int(x) for x in text.split(","))
+
+
+_positive_ints.__name__ = "comma-separated list of positive integers"
 
 
 def _data_show(args: argparse.Namespace) -> int:
@@ -148,16 +167,18 @@ def build_parser() -> argparse.ArgumentParser:
     sampler = bench.add_parser("sampler", help="sampler tokens/s vs transformers; forks vs re-prefill")
     sampler.add_argument("--checkpoint", default="runs/hopworld_sft/checkpoints",
                          help="HopWorld policy checkpoint (random init of the same size if missing)")
-    sampler.add_argument("--batch", type=int, default=64, help="rows for the HopWorld-size model")
-    sampler.add_argument("--mid-batch", type=int, default=64, help="rows for the mid-size model")
-    sampler.add_argument("--prompt-len", type=int, default=32)
-    sampler.add_argument("--steps", type=int, default=32, help="sampled tokens per row")
+    sampler.add_argument("--batch", type=_positive_int, default=64, help="rows for the HopWorld-size model")
+    sampler.add_argument("--mid-batch", type=_positive_int, default=64, help="rows for the mid-size model")
+    sampler.add_argument("--prompt-len", type=_positive_int, default=32)
+    sampler.add_argument("--steps", type=_positive_int, default=32, help="sampled tokens per row")
     sampler.add_argument("--skip-mid", action="store_true", help="skip the ~135M-parameter mid-size model")
-    sampler.add_argument("--repeats", type=int, default=5, help="timed runs per side (median and spread printed)")
+    sampler.add_argument("--repeats", type=_positive_int, default=5,
+                         help="timed runs per side (median and spread printed)")
     sampler.set_defaults(func=_bench_sampler)
     solver = bench.add_parser("solver", help="compile/run time and memory of the exact allocation solvers")
-    solver.add_argument("--pool-sizes", default="256,512", help="comma-separated pool sizes B")
-    solver.add_argument("--roots", default="512,1024", help="comma-separated root budgets M")
+    solver.add_argument("--pool-sizes", type=_positive_ints, default=(256, 512),
+                        help="comma-separated pool sizes B")
+    solver.add_argument("--roots", type=_positive_ints, default=(512, 1024), help="comma-separated root budgets M")
     solver.set_defaults(func=_bench_solver)
 
     data = sub.add_parser("data", help="dataset commands").add_subparsers(dest="data_command",
