@@ -1,9 +1,19 @@
-"""Shared test setup: 8 host CPU devices for sharding tests; the tiny Qwen3 checkpoint fixture."""
+"""Shared test setup: 8 host CPU devices for sharding tests, a per-session compilation cache; the tiny Qwen3
+checkpoint fixture."""
 
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One XLA compilation cache per test session (fresh each time): many tests compile the same programs (a
+# training step per run, evaluation), and compiling dominates their time on a CPU.
+_CACHE = None if "JAX_COMPILATION_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="trace-jax-xla-cache-")
+if _CACHE:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest
 
@@ -16,3 +26,8 @@ def tiny_qwen3(request, tmp_path):
     hf_dir = tmp_path / request.param
     model = write_tiny_qwen3(hf_dir, **TINY_QWEN3[request.param])
     return hf_dir, model
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _CACHE:
+        shutil.rmtree(_CACHE, ignore_errors=True)

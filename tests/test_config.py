@@ -1,8 +1,10 @@
 """Typed configs: YAML + key=value overrides, and clear errors on bad keys or values."""
 
+from pathlib import Path
+
 import pytest
 
-from trace_jax.config import SFTConfig, load_config, parse_overrides
+from trace_jax.config import SFTConfig, TrainConfig, load_config, parse_overrides
 
 
 def test_yaml_then_overrides(tmp_path):
@@ -39,6 +41,13 @@ def test_bad_override_syntax_and_missing_file(tmp_path):
 
 
 def test_shipped_train_config_equals_builtin_defaults():
-    from trace_jax.config import TrainConfig
-
     assert load_config(TrainConfig, "configs/hopworld_trace.yaml") == TrainConfig()
+
+
+@pytest.mark.parametrize("path", sorted(Path("configs").glob("*.yaml")))
+def test_every_shipped_config_loads(path):
+    from trace_jax.config import CompareConfig
+
+    cls = SFTConfig if path.name == "hopworld_sft.yaml" else CompareConfig if "methods:" in path.read_text() \
+        else TrainConfig
+    load_config(cls, path)

@@ -14,7 +14,7 @@ from trace_jax.bench.sampler import tree_fork_vs_reprefill
 from trace_jax.config import SFTConfig
 from trace_jax.envs.hopworld import HopWorldConfig, build_world
 from trace_jax.envs.hopworld.env import HopWorldEnv
-from trace_jax.sft import run_sft
+from trace_jax.sft import run_sft, split_questions
 from trace_jax.sharding import init_policy
 
 pytestmark = pytest.mark.slow
@@ -40,9 +40,36 @@ def test_forks_save_positions_at_the_benchmarks_setting(n, processed_saved, usef
     assert 1 - r["useful_fork"] / r["useful_reprefill"] >= useful_saved
 
 
-def test_default_sft_policy_is_competent_but_imperfect(tmp_path):
+@pytest.fixture(scope="module")
+def default_sft(tmp_path_factory):
+    """(metrics, TrainConfig pointing at it) of the default SFT recipe, trained once for this module."""
+    from trace_jax.config import TrainConfig
+
+    root = tmp_path_factory.mktemp("default_sft")
+    cfg = dataclasses.replace(SFTConfig(), out_dir=str(root / "sft"), data_dir=str(root / "tfds"))
+    train_cfg = dataclasses.replace(TrainConfig(), init_checkpoint=str(root / "sft" / "checkpoints"),
+                                    data_dir=cfg.data_dir, eval_samples=4)
+    return run_sft(cfg), train_cfg
+
+
+def test_default_sft_policy_is_competent_but_imperfect(default_sft):
     """The README's SFT table (54.6-57.6% overall on two machines): the default recipe lands in a band."""
-    cfg = dataclasses.replace(SFTConfig(), out_dir=str(tmp_path / "sft"), data_dir=str(tmp_path / "tfds"))
-    metrics = run_sft(cfg)
+    metrics, _ = default_sft
     assert 0.45 <= metrics["success"] <= 0.7
     assert metrics["success_hop1"] > metrics["success_hop4"]
+
+
+def test_warm_up_lifts_root_auc_on_held_out_prompts(default_sft):
+    """The README's warm-up figures: V~ = 0.5 everywhere (AUC 0.5) before; after, on the test split, the prompt
+    reads separate outcomes (root AUC > 0.6) and spread over prompts."""
+    from trace_jax.train.loop import base_policy, evaluate, warm_up
+
+    _, cfg = default_sft
+    env = HopWorldEnv(build_world(cfg.world), cfg.world)
+    model = base_policy(cfg)
+    report = warm_up(cfg, model, env)
+    assert report["warmup/before/root_auc"] == 0.5
+    scores, _ = evaluate(model, env, split_questions(dataclasses.replace(SFTConfig(), data_dir=cfg.data_dir),
+                                                     "test"), cfg, 0)
+    assert scores["eval/root_auc"] > 0.6 and scores["eval/prefix_auc"] > 0.6
+    assert scores["eval/root_v_std"] > 0.05 and scores["eval/root_ece"] < 0.1

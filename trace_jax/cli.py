@@ -39,11 +39,20 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from trace_jax.config import TrainConfig, load_config
-    from trace_jax.train.compare import compare
+    from trace_jax.compare.run import compare
+    from trace_jax.config import CompareConfig, load_config
 
-    cfg = load_config(TrainConfig, args.config, ["out_dir=runs/compare", *args.overrides])
-    compare(cfg, [a.strip() for a in args.allocators.split(",") if a.strip()])
+    extra = ([f"methods=[{args.methods}]"] if args.methods else []) + list(args.overrides)
+    compare(load_config(CompareConfig, args.config, (QUICK_COMPARE if args.quick else []) + extra))
+    return 0
+
+
+def _show_tree(args: argparse.Namespace) -> int:
+    from trace_jax.show_tree import show_run_tree
+
+    text, path = show_run_tree(args.run, args.step, args.prompt, args.out)
+    print(text)
+    print(f"show-tree: PNG {path}")
     return 0
 
 
@@ -112,6 +121,10 @@ def _data_show(args: argparse.Namespace) -> int:
     return 0
 
 
+# `compare --quick`: a smoke-sized comparison, applied before the user's overrides
+QUICK_COMPARE = ["seeds=2", "train.steps=6", "train.eval_every=6", "train.warmup.batches=4"]
+
+
 def _add_config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None,
                         help="YAML config (default: the built-in defaults, as in configs/)")
@@ -154,13 +167,29 @@ def build_parser() -> argparse.ArgumentParser:
                        help="with --resume: continue even though other config keys changed (they are listed)")
     train.set_defaults(func=_train)
 
-    comp = sub.add_parser("compare", help="train several allocators at equal cost and compare them",
-                          description="Train each allocator from the same base policy and seed into "
-                                      "out_dir/<allocator> (default out_dir: runs/compare), then print "
-                                      "mean reward, effective ratio, tokens and test success, and plot them.")
+    comp = sub.add_parser("compare", help="train several methods x seeds at equal cost and compare them",
+                          description="Train each method (allocator or control) with each seed from the same base "
+                                      "policy and predictor warm-up into out_dir/runs/<method>/seed<s> (default "
+                                      "out_dir: runs/compare), then write summary.json, results.md (mean ± std over "
+                                      "seeds, test success read at equal cumulative generated tokens) and PNGs there. "
+                                      "Keys: methods, seeds, out_dir, and train.* (any train key), e.g. seeds=3 "
+                                      "train.steps=20.")
     _add_config_args(comp)
-    comp.add_argument("--allocators", default="trace,grpo", help="comma-separated (default: trace,grpo)")
+    comp.add_argument("--methods", default=None,
+                      help="comma-separated methods, e.g. trace,grpo,grpo_matched,trace@32x6 (default: the config's)")
+    comp.add_argument("--quick", action="store_true",
+                      help="a smoke-sized comparison: " + " ".join(QUICK_COMPARE))
     comp.set_defaults(func=_compare)
+
+    tree = sub.add_parser("show-tree", help="draw one prompt's rollout tree of a finished run (text and PNG)",
+                          description="Expand step K's pool with step K's key, the run's allocator and budgets and "
+                                      "its final policy; print one prompt's tree (V~ per node, leaf outcomes, "
+                                      "continuations per anchor) and save it as a PNG.")
+    tree.add_argument("--run", default="runs/hopworld_trace", help="a `trace-jax train` out_dir")
+    tree.add_argument("--step", type=_positive_int, default=None, help="step whose pool and key to use (default: last)")
+    tree.add_argument("--prompt", type=int, default=None, help="pool index (default: the prompt with most leaves)")
+    tree.add_argument("--out", default=None, help="PNG path (default: <run>/tree_step<K>_prompt<i>.png)")
+    tree.set_defaults(func=_show_tree)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_command", metavar="NAME",
                                                                     required=True)

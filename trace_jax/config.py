@@ -208,6 +208,22 @@ COST_MATCHING = ("tokens", "leaves", "none")
 
 
 @dataclasses.dataclass(frozen=True)
+class WarmupConfig:
+    """Predictor warm-up between SFT and RL (`train/warmup.py`): the frozen base policy expands
+    `batches` pools as uniform trees (M, N as in the run), then the success head alone is fitted."""
+
+    batches: int = 16  # pools rolled out (0: no warm-up, the head starts at V~ = 0.5)
+    group_size: int = 2  # root rollouts per prompt in the warm-up trees (M / group_size prompts a pool)
+    fit_steps: int = 500  # full-batch Adam steps of the head fit
+    learning_rate: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.batches < 0:
+            raise ValueError(f"warmup.batches must be >= 0 (0 skips the warm-up), got {self.batches}")
+        _require_positive(self, "warmup", ("group_size", "fit_steps", "learning_rate"))
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """RL on HopWorld with one allocator; `trace-jax train` with no arguments runs these defaults."""
 
@@ -221,6 +237,7 @@ class TrainConfig:
     group_size: int = 4  # rollouts per chosen prompt for uniform / PCL roots
     equal_cost: str = "tokens"  # how prefix-free allocators (grpo, pcl) size M: tokens | leaves | none
     cost_reference: str = "trace"  # the tree allocator whose generated tokens equal_cost=tokens matches
+    match_group_size: bool = False  # grpo/pcl: group size = cost_reference's mean leaves per opened prompt
     max_per_anchor: int = 0  # cap on continuations per anchor for TRACE prefixes (0: no cap)
     temperature: float = 1.0
     top_p: float = 1.0
@@ -230,6 +247,9 @@ class TrainConfig:
     clip_eps: float = 0.2
     kl_coef: float = 0.0  # k3 KL to the frozen base policy (0: no reference kept)
     predictor_coef: float = 1.0  # weight of the success head's squared error in the same loss
+    head_learning_rate: float = 1e-3  # the success head's own optimizer group (the policy uses learning_rate)
+    predictor_backbone_grad: bool = False  # let the predictor loss train the shared backbone too
+    warmup: WarmupConfig = WarmupConfig()
     eval_every: int = 20  # steps between test-split evaluations (also at start and end)
     eval_batch: int = 128
     eval_samples: int = 1  # sampled episodes per test question (more: less noisy success estimates)
@@ -264,5 +284,27 @@ class TrainConfig:
                              f"pool_size={self.pool_size}")
         if not 0 < self.top_p <= 1 or self.temperature <= 0:
             raise ValueError("train.temperature must be > 0 and train.top_p in (0, 1]")
-        if self.learning_rate <= 0 or self.clip_eps <= 0:
-            raise ValueError("train.learning_rate and train.clip_eps must be positive")
+        if self.learning_rate <= 0 or self.clip_eps <= 0 or self.head_learning_rate <= 0:
+            raise ValueError("train.learning_rate, train.head_learning_rate and train.clip_eps must be positive")
+        if self.roots % self.warmup.group_size:
+            raise ValueError(f"warmup.group_size={self.warmup.group_size} must divide train.roots={self.roots}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareConfig:
+    """`trace-jax compare`: each method trained with each seed from one base policy, at equal cost.
+
+    Methods: see `trace_jax.compare.methods` (allocators, the grpo_matched control, "<method>@<M>x<N>").
+    Run k uses seed train.seed + k for every method: the same prompts, warm-up and evaluation keys.
+    """
+
+    train: TrainConfig = TrainConfig()
+    methods: tuple[str, ...] = ("trace", "grpo", "grpo_matched", "uniform_tree", "random_tree", "pcl")
+    seeds: int = 3
+    out_dir: str = "runs/compare"
+
+    def __post_init__(self) -> None:
+        from trace_jax.compare.methods import parse_methods
+
+        _require_positive(self, "compare", ("seeds",))
+        parse_methods(self.methods)

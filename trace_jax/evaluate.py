@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import jax
@@ -12,8 +13,10 @@ from tqdm.auto import tqdm
 from trace_jax.envs.hopworld import HopWorldConfig, World, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.models.qwen3 import Policy
+from trace_jax.objectives import calibration_report, node_targets, predictor_report, reliability_bins
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool, rollout_prompts
+from trace_jax.rollout.tree import Tree
 
 
 def prompts(env: HopWorldEnv, question_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -28,11 +31,11 @@ def question_pool(env: HopWorldEnv, question_ids: Sequence[int]) -> Pool:
     return Pool(tokens=jnp.asarray(ids), lengths=jnp.asarray(lens), question=jnp.asarray(question_ids, jnp.int32))
 
 
-def hop_success(model: Policy, env: HopWorldEnv, question_ids: Sequence[int], batch: int,
-                key: jax.Array, sampling: SamplingConfig, progress: bool = True) -> dict[str, float]:
-    """One sampled episode per question; returns {'success': mean, 'success_hop{h}': mean, ...}."""
+def rollout_questions(model: Policy, env: HopWorldEnv, question_ids: Sequence[int], batch: int, key: jax.Array,
+                      sampling: SamplingConfig, progress: bool = True) -> Tree:
+    """One sampled episode per question, as one host-side tree of N slots (`prompt` = row index)."""
     question_ids = np.asarray(question_ids, np.int32)
-    rewards = []
+    parts = []
     for i, lo in enumerate(tqdm(range(0, len(question_ids), batch), desc="eval", leave=False,
                                 disable=not progress)):
         n = min(batch, len(question_ids) - lo)
@@ -40,13 +43,47 @@ def hop_success(model: Policy, env: HopWorldEnv, question_ids: Sequence[int], ba
         rows = np.concatenate([np.arange(lo, lo + n), np.full(pad, lo)])
         tree = rollout_prompts(model, env, question_pool(env, question_ids[rows]), jax.random.fold_in(key, i),
                                sampling=sampling, pad_id=protocol.PAD)
-        rewards.append(np.asarray(tree.reward)[:n])
-    rewards = np.concatenate(rewards)
-    hops = np.asarray(env.world.hops)[question_ids]
-    out = {"success": float(rewards.mean())}
+        tree = jax.tree.map(lambda x, n=n: np.asarray(x)[:n], jax.device_get(tree))
+        parts.append(dataclasses.replace(tree, prompt=tree.prompt + lo))
+    return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
+
+
+def success_by_hops(reward: np.ndarray, hops: np.ndarray) -> dict[str, float]:
+    """{'success': mean, 'success_hop{h}': mean over questions of h hops, ...} of rewards [N]."""
+    out = {"success": float(reward.mean())}
     for h in sorted(set(hops.tolist())):
-        out[f"success_hop{h}"] = float(rewards[hops == h].mean())
+        out[f"success_hop{h}"] = float(reward[hops == h].mean())
     return out
+
+
+def predictor_quality(tree: Tree) -> dict[str, float]:
+    """V~ on single-episode rollouts, against each slot's outcome: AUC, Brier and ECE for the prompt reads
+    (root_*) and the turn reads (prefix_*), and the spread of the prompt reads (root_v_std)."""
+    tree = jax.tree.map(jnp.asarray, tree)
+    targets, weight = node_targets(tree)
+    pred = jnp.clip(tree.success, 0.0, 1.0)
+    root_v = pred[:, 0][np.asarray(tree.has_reading[:, 0])]
+    out = calibration_report(pred, targets, weight) | predictor_report(tree)
+    return {k: float(v) for k, v in out.items()} | {"root_v_std": float(root_v.std())}
+
+
+def reliability(tree: Tree, bins: int = 10) -> dict[str, dict[str, list[float]]]:
+    """Reliability-diagram bins of the prompt reads ("root") and turn reads ("prefix") of `tree`."""
+    tree = jax.tree.map(jnp.asarray, tree)
+    targets, weight = node_targets(tree)
+    pred = jnp.clip(tree.success, 0.0, 1.0)
+    out = {}
+    for name, cols in (("root", slice(0, 1)), ("prefix", slice(1, None))):
+        count, mean_pred, mean_target = reliability_bins(pred[:, cols], targets[:, cols], weight[:, cols], bins)
+        out[name] = {"count": count.tolist(), "pred": mean_pred.tolist(), "target": mean_target.tolist()}
+    return out
+
+
+def hop_success(model: Policy, env: HopWorldEnv, question_ids: Sequence[int], batch: int,
+                key: jax.Array, sampling: SamplingConfig, progress: bool = True) -> dict[str, float]:
+    """One sampled episode per question; returns {'success': mean, 'success_hop{h}': mean, ...}."""
+    tree = rollout_questions(model, env, question_ids, batch, key, sampling, progress)
+    return success_by_hops(tree.reward, np.asarray(env.world.hops)[np.asarray(question_ids)])
 
 
 def render_sampled(model: Policy, world: World, cfg: HopWorldConfig, question: int, seed: int) -> str:

@@ -21,7 +21,8 @@ from tensorboardX.event_file_writer import EventsWriter
 from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.proto.summary_pb2 import Summary
 
-__all__ = ["METRICS_FILE", "TENSORBOARD_DIR", "MetricsLogger", "compare_runs", "plot_metrics", "read_metrics"]
+__all__ = ["METRICS_FILE", "TENSORBOARD_DIR", "MetricsLogger", "compare_runs", "plot_metrics", "plot_reliability",
+           "read_metrics", "rewind_jsonl"]
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -63,13 +64,7 @@ class MetricsLogger:
         self.path = self.out_dir / METRICS_FILE
         tb_dir = self.out_dir / TENSORBOARD_DIR
         tb_dir.mkdir(parents=True, exist_ok=True)
-        if self.path.exists():
-            lines = _read_lines(self.path)
-            if resume_from_step is not None:
-                lines = [line for line in lines if json.loads(line)["step"] <= resume_from_step]
-            tmp = self.path.with_suffix(".jsonl.tmp")
-            tmp.write_text("".join(line + "\n" for line in lines))
-            os.replace(tmp, self.path)
+        rewind_jsonl(self.path, resume_from_step)
         self._file = self.path.open("a")
         # The event file name holds the second it was opened; the counter keeps files opened in
         # the same second apart and in order (TensorBoard reads a directory's files sorted by name).
@@ -92,6 +87,14 @@ class MetricsLogger:
         self._events.write_event(Event(wall_time=time.time(), step=int(step), summary=summary))
         self._events.flush()
 
+    def histogram(self, step: int, tag: str, values: Any, bins: int = 20) -> None:
+        """Writes a TensorBoard histogram of `values` (any shape) at `step` (TensorBoard only, not the JSONL)."""
+        from tensorboardX.summary import histogram
+
+        self._events.write_event(Event(wall_time=time.time(), step=int(step),
+                                       summary=histogram(tag, np.asarray(values, np.float64).ravel(), bins)))
+        self._events.flush()
+
     def close(self) -> None:
         """Closes both files; idempotent."""
         if not self._file.closed:
@@ -103,6 +106,19 @@ class MetricsLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def rewind_jsonl(path: Path, step: int | None) -> None:
+    """Drops a cut final line of the JSONL file `path` (if it exists) and, unless step is None, its records
+    with "step" > step: a run resumed from step `step` then rewrites what it logged after it."""
+    if not path.exists():
+        return
+    lines = _read_lines(path)
+    if step is not None:
+        lines = [line for line in lines if json.loads(line)["step"] <= step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in lines))
+    os.replace(tmp, path)
 
 
 def read_metrics(out_dir: str | Path) -> list[dict]:
@@ -190,5 +206,26 @@ def compare_runs(run_dirs: Mapping[str, str | Path], keys: Sequence[str], path: 
         for label, records in runs.items():
             _draw(ax, records, key, label)
         if ax.lines:
+            ax.legend(fontsize=8)
+    return _save(fig, Path(path))
+
+
+def plot_reliability(panels: Mapping[str, Mapping[str, Mapping[str, Sequence[float]]]], path: str | Path) -> Path:
+    """Reliability diagrams: one panel per title, one curve per label, from reliability bins
+    {"count": [bins], "pred": [bins], "target": [bins]} (`objectives.reliability_bins`); empty bins are skipped.
+    A calibrated predictor lies on the diagonal; marker area shows how many nodes a bin holds."""
+    titles = list(panels)
+    fig = Figure(figsize=(4 * len(titles), 4), layout="constrained")
+    for ax, title in zip(fig.subplots(1, len(titles), squeeze=False).ravel(), titles):
+        ax.plot([0, 1], [0, 1], color="grey", lw=1, ls="--")
+        for label, b in panels[title].items():
+            count = np.asarray(b["count"], float)
+            keep = count > 0
+            line, = ax.plot(np.asarray(b["pred"])[keep], np.asarray(b["target"])[keep], label=label)
+            ax.scatter(np.asarray(b["pred"])[keep], np.asarray(b["target"])[keep], color=line.get_color(),
+                       s=10 + 200 * count[keep] / max(count.sum(), 1e-12))
+        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="predicted success V~", ylabel="observed success", title=title)
+        ax.grid(alpha=0.3)
+        if len(panels[title]) > 1:
             ax.legend(fontsize=8)
     return _save(fig, Path(path))

@@ -152,15 +152,24 @@ def predictor_loss(pred: jax.Array, targets: jax.Array, weight: jax.Array) -> ja
     return jnp.sum(weight * (pred - targets) ** 2) / jnp.maximum(weight.sum(), 1.0)
 
 
+def reliability_bins(pred: jax.Array, targets: jax.Array, weight: jax.Array, bins: int = 10
+                     ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(weight [bins], mean prediction [bins], mean target [bins]) over equal-width bins of pred in [0, 1]:
+    the points of a reliability diagram (means are 0 in empty bins)."""
+    b = jnp.clip(jnp.floor(pred * bins), 0, bins - 1).astype(jnp.int32).reshape(-1)
+    w = weight.reshape(-1)
+    count = jax.ops.segment_sum(w, b, bins)
+    mean = lambda x: jax.ops.segment_sum(w * x.reshape(-1), b, bins) / jnp.maximum(count, 1e-12)
+    return count, mean(pred), mean(targets)
+
+
 def calibration(pred: jax.Array, targets: jax.Array, weight: jax.Array, bins: int = 10
                 ) -> tuple[jax.Array, jax.Array]:
     """(Brier score, expected calibration error over `bins` equal-width bins of pred), weighted."""
     total = jnp.maximum(weight.sum(), 1e-12)
     brier = jnp.sum(weight * (pred - targets) ** 2) / total
-    b = jnp.clip(jnp.floor(pred * bins), 0, bins - 1).astype(jnp.int32).reshape(-1)
-    w = weight.reshape(-1)
-    gap = jax.ops.segment_sum(w * (pred - targets).reshape(-1), b, bins)
-    return brier, jnp.sum(jnp.abs(gap)) / total
+    count, mean_pred, mean_target = reliability_bins(pred, targets, weight, bins)
+    return brier, jnp.sum(count * jnp.abs(mean_pred - mean_target)) / total
 
 
 def calibration_report(pred: jax.Array, targets: jax.Array, weight: jax.Array, bins: int = 10

@@ -26,11 +26,12 @@ from trace_jax.envs.hopworld import build_world
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.train import loop
 from trace_jax.train.checkpoint import check_resume_config, newest_meta
-from trace_jax.train.loop import pool_of, step_spec, train
+from trace_jax.train.loop import Budget, pool_of, step_spec, train
 from trace_jax.train.step import TrainState, apply_update, build_step, make_optimizer
 
 OVERRIDES = ["world.num_entities=64", "world.num_questions=120", "pool_size=4", "roots=4", "continuations=1",
-             "group_size=2", "eval_batch=16", "eval_every=100", "learning_rate=0.01"]
+             "group_size=2", "eval_batch=16", "eval_every=100", "learning_rate=0.01", "warmup.batches=2",
+             "warmup.fit_steps=50"]
 FULL_STEPS = ["steps=5", "checkpoint_every=1"]
 
 
@@ -61,7 +62,8 @@ def setup_step(cfg: TrainConfig, mesh=None):
     env = HopWorldEnv(build_world(cfg.world), cfg.world)
     build_dataset(cfg.data_dir, cfg.world)
     loader = hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed)
-    return build_step(graphdef, tx, step_spec(cfg, cfg.roots, cfg.continuations)), state, env, loader
+    spec = step_spec(cfg, Budget(cfg.roots, cfg.continuations, cfg.group_size))
+    return build_step(graphdef, tx, spec), state, env, loader
 
 
 def test_multi_step_run_compiles_once(run_dirs):
@@ -190,9 +192,15 @@ def test_equal_cost_budgets_for_prefix_free_allocators(run_dirs):
     tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm)
     pool = pool_of(hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed).batch(0))
     assert equal_cost_budget(dataclasses.replace(cfg, equal_cost="leaves"), graphdef, state, env,
-                             pool, tx) == (12, 0)
-    roots, n = equal_cost_budget(cfg, graphdef, state, env, pool, tx)
+                             pool, tx) == (12, 0, 2)
+    roots, n, g = equal_cost_budget(cfg, graphdef, state, env, pool, tx)
     # continuations start mid-episode: matching tokens costs fewer extra roots than matching leaves
-    assert n == 0 and roots % cfg.group_size == 0 and cfg.roots <= roots <= 12
+    assert n == 0 and g == cfg.group_size and roots % g == 0 and cfg.roots <= roots <= 12
     tree_cfg = config(run_dirs, "allocator=trace", "roots=4", "continuations=2", "pool_size=8")
-    assert equal_cost_budget(tree_cfg, graphdef, state, env, pool, tx) == (4, 2)
+    assert equal_cost_budget(tree_cfg, graphdef, state, env, pool, tx) == (4, 2, 2)
+    # the matched-group control: G = the reference tree's leaves per opened prompt (same probe key)
+    _, probe = build_step(graphdef, tx, step_spec(tree_cfg, Budget(4, 2, 2)))(
+        jax.tree.map(jnp.copy, state), env, pool, jax.random.key(cfg.seed + 1))
+    roots, n, g = equal_cost_budget(dataclasses.replace(cfg, match_group_size=True), graphdef, state, env, pool, tx)
+    assert g == round(float(probe["leaves"]) / float(probe["prompts"])) and g != cfg.group_size
+    assert n == 0 and roots % g == 0

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,18 +23,22 @@ from trace_jax.data.hopworld_tfds import build_dataset
 from trace_jax.data.loader import hopworld_loader
 from trace_jax.envs.hopworld import build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
-from trace_jax.evaluate import hop_success
-from trace_jax.metrics import MetricsLogger, plot_metrics, read_metrics
+from trace_jax.evaluate import predictor_quality, reliability, rollout_questions, success_by_hops
+from trace_jax.metrics import MetricsLogger, plot_metrics, plot_reliability, read_metrics, rewind_jsonl
 from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
 from trace_jax.sft import run_sft, split_questions
 from trace_jax.train.checkpoint import RunCheckpoints, abstract_state, check_resume_config, newest_meta
 from trace_jax.train.step import StepSpec, TrainState, build_step, make_optimizer
+from trace_jax.train.warmup import WarmupSpec, warm_up_predictor
 
 PLOT_KEYS = ("reward", "effective_ratio", "eval/success", "eval/success_hop1", "eval/success_hop4", "predictor_loss",
-             "root_brier", "prefix_brier", "root_auc", "prefix_auc", "pool_v_std", "generated_tokens", "entropy",
-             "utilisation", "prompts", "stage2_unplaced")
+             "root_auc", "prefix_auc", "eval/root_auc", "eval/prefix_auc", "root_ece", "eval/root_ece", "pool_v_std",
+             "generated_tokens", "entropy", "utilisation", "prompts", "stage2_unplaced")
+RELIABILITY_FILE = "reliability.jsonl"  # one line per evaluation: {"step", "root": bins, "prefix": bins}
+ALLOCATION_FILE = "allocation.jsonl"  # one line per step: the step's ARRAY_METRICS as lists
+ARRAY_METRICS = ("pool_v_values", "roots_per_prompt", "continuations_per_anchor")  # see train.step
 
 
 def base_policy(cfg: TrainConfig) -> Policy:
@@ -49,41 +55,78 @@ def pool_of(batch: dict[str, np.ndarray]) -> Pool:
                 question=jnp.asarray(batch["question_id"]))
 
 
-def step_spec(cfg: TrainConfig, roots: int, continuations: int) -> StepSpec:
-    allocator = Allocator(cfg.allocator, group_size=cfg.group_size, max_per_anchor=cfg.max_per_anchor or None)
-    return StepSpec(plan=Plan(allocator, roots=roots, continuations=continuations),
+class Budget(NamedTuple):
+    """A run's per-step budgets: M root rollouts, N continuations per root, G rollouts per chosen prompt."""
+
+    roots: int
+    continuations: int
+    group_size: int
+
+
+def step_spec(cfg: TrainConfig, budget: Budget) -> StepSpec:
+    allocator = Allocator(cfg.allocator, group_size=budget.group_size, max_per_anchor=cfg.max_per_anchor or None)
+    return StepSpec(plan=Plan(allocator, roots=budget.roots, continuations=budget.continuations),
                     sampling=SamplingConfig(cfg.temperature, cfg.top_p), clip_eps=cfg.clip_eps,
-                    kl_coef=cfg.kl_coef, predictor_coef=cfg.predictor_coef, pad_id=protocol.PAD)
+                    kl_coef=cfg.kl_coef, predictor_coef=cfg.predictor_coef, pad_id=protocol.PAD,
+                    predictor_backbone_grad=cfg.predictor_backbone_grad)
 
 
-def equal_cost_budget(cfg: TrainConfig, graphdef, state: TrainState, env: HopWorldEnv, pool: Pool,
-                      tx) -> tuple[int, int]:
-    """(M, N) for this run. Tree allocators use the configured budgets. Prefix-free allocators
-    (grpo, pcl) get N = 0 and a larger M so their cost matches a tree run's: the same number of
-    leaves ("leaves"), or the same generated tokens ("tokens") as one expansion of the
-    `cost_reference` allocator with the base policy (continuations start mid-episode, so they are
-    cheaper than roots)."""
+def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv) -> dict[str, float]:
+    """Fits the success head of `model` (in place) on uniform trees of the base policy; {} if disabled."""
+    w = cfg.warmup
+    if w.batches == 0:
+        return {}
+    loader = hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed + 1)
+    spec = WarmupSpec(batches=w.batches, group_size=w.group_size, roots=cfg.roots, continuations=cfg.continuations,
+                      fit_steps=w.fit_steps, learning_rate=w.learning_rate,
+                      sampling=SamplingConfig(cfg.temperature, cfg.top_p), pad_id=protocol.PAD)
+    t0 = time.perf_counter()
+    _, report = warm_up_predictor(model, env, lambda i: pool_of(loader.batch(i)), jax.random.key(cfg.seed + 3), spec)
+    print(f"train: predictor warm-up on {w.batches} uniform-tree pools ({time.perf_counter() - t0:.0f} s), held out: "
+          f"root AUC {report['warmup/before/root_auc']:.3f} -> {report['warmup/root_auc']:.3f}, prefix AUC "
+          f"{report['warmup/before/prefix_auc']:.3f} -> {report['warmup/prefix_auc']:.3f}, root ECE "
+          f"{report['warmup/root_ece']:.3f}, prefix ECE {report['warmup/prefix_ece']:.3f}, std of prompt V~ "
+          f"{report['warmup/root_v_std']:.3f}")
+    return report
+
+
+def equal_cost_budget(cfg: TrainConfig, graphdef, state: TrainState, env: HopWorldEnv, pool: Pool, tx) -> Budget:
+    """This run's budgets. Tree allocators use the configured (M, N). Prefix-free allocators (grpo, pcl)
+    get N = 0 and a larger M so their cost matches a tree run's: the same number of leaves ("leaves"), or
+    the same generated tokens ("tokens") as one expansion of the `cost_reference` allocator from `state`
+    (continuations start mid-episode, so they are cheaper than roots). With `match_group_size`, their
+    group size G is that expansion's mean leaves per opened prompt (a larger group alone is more often
+    mixed, so this control separates TRACE's choice of prompts from its group size)."""
     alloc = Allocator(cfg.allocator, group_size=cfg.group_size)
     m, n, g = cfg.roots, cfg.continuations, cfg.group_size
-    if alloc.uses_prefixes or cfg.equal_cost == "none" or n == 0:
-        return m, (n if alloc.uses_prefixes else 0)
-    if cfg.equal_cost == "leaves":
-        return m * (1 + n), 0
+    if alloc.uses_prefixes:
+        return Budget(m, n, g)
+    if cfg.equal_cost == "none" or n == 0:
+        return Budget(m, 0, g)
+    if cfg.equal_cost == "leaves" and not cfg.match_group_size:
+        return Budget(m * (1 + n), 0, g)
     probe = dataclasses.replace(cfg, allocator=cfg.cost_reference)
-    _, metrics = build_step(graphdef, tx, step_spec(probe, m, n))(
+    _, metrics = build_step(graphdef, tx, step_spec(probe, Budget(m, n, g)))(
         jax.tree.map(jnp.copy, state), env, pool, jax.random.key(cfg.seed + 1))
     total, per_root = int(metrics["generated_tokens"]), int(metrics["root_generated_tokens"]) / m
-    roots = max(g, int(round(total / max(per_root, 1e-9) / g)) * g)
-    print(f"train: equal cost: a {cfg.cost_reference} {m}x{n} tree generates {total} tokens ({per_root:.1f} "
-          f"per root rollout); {cfg.allocator} gets M={roots} root rollouts")
-    return roots, 0
+    if cfg.match_group_size:
+        g = min(max(1, round(float(metrics["leaves"]) / max(float(metrics["prompts"]), 1.0))), m * (1 + n))
+    rollouts = m * (1 + n) if cfg.equal_cost == "leaves" else total / max(per_root, 1e-9)
+    roots = min(max(g, int(round(rollouts / g)) * g), cfg.pool_size * g)
+    print(f"train: equal cost: a {cfg.cost_reference} {m}x{n} tree generates {total} tokens ({per_root:.1f} per root "
+          f"rollout) over {int(metrics['leaves'])} leaves of {int(metrics['prompts'])} prompts; {cfg.allocator} gets "
+          f"M={roots} root rollouts in groups of G={g}")
+    return Budget(roots, 0, g)
 
 
-def evaluate(model: Policy, env: HopWorldEnv, questions: np.ndarray, cfg: TrainConfig, step: int) -> dict[str, float]:
-    out = hop_success(model, env, np.repeat(questions, cfg.eval_samples), cfg.eval_batch,
-                      jax.random.fold_in(jax.random.key(cfg.seed + 7), step),
-                      SamplingConfig(cfg.temperature, cfg.top_p))
-    return {f"eval/{k}": v for k, v in out.items()}
+def evaluate(model: Policy, env: HopWorldEnv, questions: np.ndarray, cfg: TrainConfig, step: int
+             ) -> tuple[dict[str, float], dict[str, dict[str, list[float]]]]:
+    """(eval/* metrics: test success per hop and predictor quality, reliability bins) at `step`."""
+    questions = np.repeat(questions, cfg.eval_samples)
+    tree = rollout_questions(model, env, questions, cfg.eval_batch, jax.random.fold_in(jax.random.key(cfg.seed + 7),
+                             step), SamplingConfig(cfg.temperature, cfg.top_p))
+    out = success_by_hops(tree.reward, np.asarray(env.world.hops)[questions]) | predictor_quality(tree)
+    return {f"eval/{k}": v for k, v in out.items()}, reliability(tree)
 
 
 def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = False) -> dict[str, float]:
@@ -105,9 +148,10 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
 
     mesh = shd.make_mesh(cfg.mesh)
     model = base_policy(cfg)
+    warmup = {} if resume else warm_up(cfg, model, env)  # a resumed state already holds the warmed-up head
     graphdef, params = nnx.split(model)
     params = jax.device_put(params, shd.param_shardings(params, mesh))
-    tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm)
+    tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm, cfg.head_learning_rate)
     state = jax.jit(lambda p: TrainState(  # built under jit: every leaf lands on the params' devices
         params=p, opt_state=tx.init(p), ref_params=jax.tree.map(jnp.copy, p) if cfg.kl_coef > 0 else None,
         step=jnp.zeros((), jnp.int32)))(params)
@@ -117,33 +161,53 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
         start, state, meta = ckpts.restore_latest(abstract_state(state))
         if start != checked:  # fell back past a corrupt checkpoint: check the config that one was saved with
             check_resume_config(cfg, start, meta["config"], allow_config_change)
-        roots, continuations = meta["roots"], meta["continuations"]
+        budget = Budget(meta["roots"], meta["continuations"], meta["group_size"])
         print(f"train: resumed from step {start} ({ckpts.directory})")
     else:
-        roots, continuations = equal_cost_budget(cfg, graphdef, state, env, pool_of(loader.batch(0)), tx)
-    spec = step_spec(cfg, roots, continuations)
+        budget = equal_cost_budget(cfg, graphdef, state, env, pool_of(loader.batch(0)), tx)
+    spec = step_spec(cfg, budget)
     step_fn = build_step(graphdef, tx, spec)
     key = jax.random.key(cfg.seed)
     last: dict[str, float] = {}
-    print(f"train: {cfg.allocator}, pool B={cfg.pool_size}, roots M={roots}, continuations N={continuations} "
-          f"({roots * (1 + continuations)} slots), {cfg.steps} steps, mesh {dict(mesh.shape)}")
+    roots, continuations = budget.roots, budget.continuations
+    print(f"train: {cfg.allocator}, pool B={cfg.pool_size}, roots M={roots}, continuations N={continuations}, "
+          f"group G={budget.group_size} ({roots * (1 + continuations)} slots), {cfg.steps} steps, "
+          f"mesh {dict(mesh.shape)}")
+
+    def log_eval(step: int, metrics: dict[str, float]) -> None:  # adds eval/* to metrics, appends the bins
+        scores, bins = evaluate(nnx.merge(graphdef, state.params), env, test_questions, cfg, step)
+        metrics.update(scores)
+        with (out / RELIABILITY_FILE).open("a") as f:
+            f.write(json.dumps({"step": step, **bins}) + "\n")
+        plot_reliability({f"{name} V~ (test, step {step})": {cfg.allocator: b} for name, b in bins.items()},
+                         out / "reliability.png")
+
+    for name in (RELIABILITY_FILE, ALLOCATION_FILE):  # like metrics.jsonl: a fresh run starts them anew
+        rewind_jsonl(out / name, start if resume else -1)
     with MetricsLogger(out, resume_from_step=start if resume else None) as log:
         if start == 0:
-            log.log(0, evaluate(nnx.merge(graphdef, state.params), env, test_questions, cfg, 0))
+            first = dict(warmup)
+            log_eval(0, first)
+            log.log(0, first)
         bar = tqdm(range(start + 1, cfg.steps + 1), desc=f"train {cfg.allocator}", initial=start, total=cfg.steps)
         for step in bar:
             t0 = time.perf_counter()
             state, metrics = step_fn(state, env, pool_of(loader.batch(step - 1)), jax.random.fold_in(key, step))
-            last = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            metrics = jax.device_get(metrics)
+            spent = {k: metrics.pop(k).tolist() for k in ARRAY_METRICS}
+            with (out / ALLOCATION_FILE).open("a") as f:
+                f.write(json.dumps({"step": step, **spent}) + "\n")
+            log.histogram(step, "pool_v", spent["pool_v_values"])
+            last = {k: float(v) for k, v in metrics.items()}
             last["step_seconds"] = time.perf_counter() - t0
             if last["skipped"]:
                 tqdm.write(f"train: step {step}: non-finite loss or gradient ({last['loss']}); update skipped")
             if step % cfg.eval_every == 0 or step == cfg.steps:
-                last.update(evaluate(nnx.merge(graphdef, state.params), env, test_questions, cfg, step))
+                log_eval(step, last)
             log.log(step, last)
             bar.set_postfix(reward=f"{last['reward']:.2f}", eff=f"{last['effective_ratio']:.2f}")
             if step % cfg.checkpoint_every == 0 or step == cfg.steps:
-                ckpts.save(step, state, {"step": step, "roots": roots, "continuations": continuations,
+                ckpts.save(step, state, {"step": step, **budget._asdict(),
                                          "loader": {"seed": cfg.seed, "step": step}, "config": to_dict(cfg)})
     ckpts.close()
     policy_dir = out / "policy"  # the trained policy alone: `trace-jax export`, `data show --checkpoint`

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
-from trace_jax.allocation import Plan
+from trace_jax.allocation import Plan, anchor_groups
 from trace_jax.envs.base import JaxEnv
 from trace_jax.objectives import (
     advantages,
@@ -56,10 +56,29 @@ class StepSpec:
     kl_coef: float
     predictor_coef: float
     pad_id: int
+    predictor_backbone_grad: bool = False  # False: the predictor loss trains the head only
 
 
-def make_optimizer(learning_rate: float, max_grad_norm: float) -> optax.GradientTransformation:
-    return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(learning_rate))
+HEAD_PARAMS = ("success_kernel", "success_bias")
+
+
+def param_groups(params: nnx.State) -> nnx.State:
+    """The optimizer group of each parameter: "head" for the success head, "policy" for the rest."""
+    def label(path, _) -> str:
+        return "head" if any(getattr(p, "key", None) in HEAD_PARAMS for p in path) else "policy"
+
+    return jax.tree_util.tree_map_with_path(label, params)
+
+
+def make_optimizer(learning_rate: float, max_grad_norm: float, head_learning_rate: float | None = None
+                   ) -> optax.GradientTransformation:
+    """Adam with global-norm clipping, per group: the policy at learning_rate, the success head at
+    head_learning_rate (default: learning_rate), each clipped on its own so neither scales the other."""
+    def group(lr: float) -> optax.GradientTransformation:
+        return optax.chain(optax.clip_by_global_norm(max_grad_norm), optax.adam(lr))
+
+    return optax.multi_transform({"policy": group(learning_rate), "head": group(head_learning_rate or learning_rate)},
+                                 param_groups)
 
 
 def next_token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float) -> jax.Array:
@@ -107,6 +126,19 @@ def rollout_metrics(tree: Tree, pool: Pool, stats: dict[str, jax.Array]) -> dict
     }
 
 
+def allocation_counts(tree: Tree, num_pool: int, num_roots: int) -> dict[str, jax.Array]:
+    """How one step spent its budget, as histograms: roots_per_prompt [M+1] (pool prompts given m root
+    rollouts; m = 0: filtered out) and continuations_per_anchor [M*N+1] (valid anchors given k continuations)."""
+    m = jnp.zeros(num_pool, jnp.int32).at[jnp.where(tree.is_root, tree.prompt, num_pool)].add(1, mode="drop")
+    k = jnp.zeros((num_roots, tree.max_turns), jnp.int32).at[
+        jnp.where(tree.is_continuation, tree.parent, num_roots), jnp.maximum(tree.branch_turn, 0)].add(1, mode="drop")
+    valid, _ = anchor_groups(tree, num_roots)
+    most = tree.num_slots - num_roots
+    return {"roots_per_prompt": jnp.zeros(num_roots + 1, jnp.int32).at[m].add(1),
+            "continuations_per_anchor": jnp.zeros(most + 1, jnp.int32).at[jnp.where(valid, k, most + 1)].add(
+                1, mode="drop")}
+
+
 def build_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: StepSpec):
     """The jitted step: (state, env, pool, key) -> (state, metrics). Compiles once per shapes."""
     temperature = spec.sampling.temperature
@@ -125,10 +157,12 @@ def build_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: S
             ref_logp = next_token_logprobs(ref_logits, tree.tokens, temperature)
 
         def loss_fn(params):
-            out = nnx.merge(graphdef, params)(tree.tokens)
+            policy = nnx.merge(graphdef, params)
+            out = policy(tree.tokens)
             logp = next_token_logprobs(out.logits, tree.tokens, temperature)
             pg, aux = policy_loss(logp, tree.logprobs[:, 1:], mask, adv, spec.clip_eps, ref_logp, spec.kl_coef)
-            pred = jnp.take_along_axis(out.success, tree.read_positions(), axis=1)
+            read = jnp.take_along_axis(out.hidden, tree.read_positions()[..., None], axis=1)  # [S, T+1, D]
+            pred = policy.success_from_hidden(read if spec.predictor_backbone_grad else jax.lax.stop_gradient(read))
             pred_loss = predictor_loss(pred, targets, weight)
             aux = dict(aux, policy_loss=pg, predictor_loss=pred_loss,
                        entropy=entropy(policy_logprobs(out.logits[:, :-1], temperature), mask))
@@ -139,6 +173,7 @@ def build_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: S
         calib = calibration_report(jnp.clip(tree.success, 0.0, 1.0), targets, weight)
         metrics = dict(rollout_metrics(tree, pool, stats), **aux, **calib, **predictor_report(tree), loss=loss,
                        skipped=skipped, grad_norm=optax.tree.norm(grads), pool_v=pool_v.mean(), pool_v_std=pool_v.std(),
+                       pool_v_values=pool_v, **allocation_counts(tree, pool.lengths.shape[0], spec.plan.roots),
                        adv_abs=jnp.sum(jnp.abs(adv) * tree.used) / jnp.maximum(tree.used.sum(), 1))
         return new_state, metrics
 

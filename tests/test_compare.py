@@ -1,0 +1,98 @@
+"""`trace-jax compare`: fair methods, numbers read from the raw metrics at equal cumulative tokens, a quick run
+end to end."""
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from toy import TINY_POLICY
+from trace_jax import sharding as shd
+from trace_jax.checkpoints import save_model
+from trace_jax.cli import main
+from trace_jax.compare.methods import check_fair, method_config, method_fields
+from trace_jax.compare.summary import markdown_table, run_stats, summarize
+from trace_jax.config import TrainConfig, load_config
+from trace_jax.metrics import MetricsLogger
+
+
+def test_methods_differ_only_in_allocator_fields_and_budgets():
+    base = TrainConfig()
+    configs = {m: method_config(base, m, out_dir=f"runs/{m}") for m in ("trace", "grpo_matched", "trace@32x6")}
+    check_fair(configs)
+    assert configs["grpo_matched"].match_group_size and configs["grpo_matched"].allocator == "grpo"
+    assert (configs["trace@32x6"].roots, configs["trace@32x6"].continuations) == (32, 6)
+    unfair = dict(configs, grpo_matched=dataclasses.replace(configs["grpo_matched"], learning_rate=1e-4))
+    with pytest.raises(ValueError, match=r"differ in \['learning_rate'\]"):
+        check_fair(unfair)
+    nested = dict(configs, trace=dataclasses.replace(base, warmup=dataclasses.replace(base.warmup, batches=3)))
+    with pytest.raises(ValueError, match=r"warmup.batches"):
+        check_fair(nested)
+    with pytest.raises(ValueError, match="unknown method 'tracey'"):
+        method_fields("tracey")
+
+
+def _log(path, evals: dict[int, float], tokens: list[int], ratio: float = 0.5):
+    with MetricsLogger(path) as log:
+        for step in range(len(tokens) + 1):
+            row = {} if step == 0 else {"generated_tokens": tokens[step - 1], "effective_ratio": ratio,
+                                        "leaves": 8, "prompts": 2}
+            if step in evals:
+                row["eval/success"] = evals[step]
+            log.log(step, row)
+
+
+def test_success_is_read_at_equal_cumulative_tokens(tmp_path):
+    # run a: 100 tokens a step, evals at steps 0, 2, 4 (0, 200, 400 tokens); run b: 50 a step (T* = 200)
+    _log(tmp_path / "runs/a/seed0", {0: 0.5, 2: 0.7, 4: 0.9}, [100] * 4)
+    _log(tmp_path / "runs/b/seed0", {0: 0.5, 4: 0.6}, [50] * 4, ratio=0.25)
+    s = summarize(tmp_path, ["a", "b"], [0])
+    assert s["tokens_at"] == 200
+    assert s["methods"]["a"]["mean"]["success_at_tokens"] == pytest.approx(0.7)  # a's step-2 evaluation
+    assert s["methods"]["b"]["mean"]["success_at_tokens"] == pytest.approx(0.6)
+    assert s["methods"]["a"]["mean"]["success_end"] == pytest.approx(0.9)
+    # between evaluations: linear in tokens
+    rows = [json.loads(line) for line in (tmp_path / "runs/a/seed0/metrics.jsonl").read_text().splitlines()]
+    assert run_stats(rows, 300)["success_at_tokens"] == pytest.approx(0.8)
+    assert "| b | 60.0% ± 0.0% |" in markdown_table(s)
+
+
+QUICK_TINY = ["train.world.num_entities=64", "train.world.num_questions=120", "train.pool_size=4", "train.roots=4",
+              "train.continuations=1", "train.group_size=2", "train.eval_batch=16", "train.learning_rate=0.01",
+              "train.steps=2", "train.eval_every=2", "train.warmup.batches=1", "train.warmup.fit_steps=20",
+              "train.checkpoint_every=2"]
+
+
+def test_quick_compare_end_to_end_from_raw_metrics(tmp_path):
+    save_model(tmp_path / "base", 0, shd.init_policy(TINY_POLICY, seed=0))
+    out = tmp_path / "cmp"
+    args = [*QUICK_TINY, f"train.init_checkpoint={tmp_path / 'base'}", f"train.data_dir={tmp_path / 'tfds'}",
+            f"out_dir={out}"]
+    assert main(["compare", "--quick", "--methods", "trace,grpo_matched", *args]) == 0
+    for name in ("summary.json", "results.md", "success_vs_tokens.png", "effective_ratio.png", "reliability.png",
+                 "budget.png"):
+        assert (out / name).stat().st_size > 0, name
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["seeds"] == [0, 1] and set(summary["methods"]) == {"trace", "grpo_matched"}
+    # the runs that were compared are fair, as saved
+    for seed in (0, 1):
+        check_fair({m: load_config(TrainConfig, out / f"runs/{m}/seed{seed}/config.yaml")
+                    for m in ("trace", "grpo_matched")})
+    # the table follows the raw file: change trace seed 1's last evaluation and re-summarize
+    raw = out / "runs/trace/seed1/metrics.jsonl"
+    rows = [json.loads(line) for line in raw.read_text().splitlines()]
+    before = summarize(out, ["trace", "grpo_matched"], [0, 1])["methods"]["trace"]["mean"]["success_end"]
+    assert before == pytest.approx(summary["methods"]["trace"]["mean"]["success_end"])
+    rows[-1]["eval/success"] = rows[-1]["eval/success"] + 0.5
+    raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    after = summarize(out, ["trace", "grpo_matched"], [0, 1])["methods"]["trace"]["mean"]["success_end"]
+    assert after == pytest.approx(before + 0.25)
+    # a second call reuses the finished runs; a changed config in the same folder is refused by name
+    assert main(["compare", "--quick", "--methods", "trace,grpo_matched", *args]) == 0
+    assert main(["compare", "--quick", "--methods", "trace", *args, "train.learning_rate=0.02"]) == 2
+    assert np.isfinite(yaml.safe_load((out / "compare.yaml").read_text())["train"]["learning_rate"])
+    # one of the runs' trees, drawn
+    assert main(["show-tree", "--run", str(out / "runs/trace/seed0"), "--out", str(tmp_path / "tree.png")]) == 0
+    assert (tmp_path / "tree.png").stat().st_size > 0

@@ -1,0 +1,65 @@
+"""Predictor warm-up: readings are the sampler's own V~ inputs, the fit is a correct least-squares fit, and only
+the head moves."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from toy import tiny_env, trained_policy
+from trace_jax.allocation import Allocator, Plan
+from trace_jax.envs.hopworld import protocol
+from trace_jax.evaluate import question_pool
+from trace_jax.objectives import node_targets
+from trace_jax.rollout.engine import SamplingConfig
+from trace_jax.rollout.expand import expand_tree
+from trace_jax.train.warmup import Readings, WarmupSpec, fit_head, tree_readings, warm_up_predictor
+
+
+def test_fit_head_recovers_a_logistic_model():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4000, 6)).astype(np.float32)
+    k, b = rng.normal(size=6).astype(np.float32), np.float32(-0.3)
+    target = 1 / (1 + np.exp(-(x @ k + b)))  # soft targets: the squared error is 0 exactly at (k, b)
+    data = Readings(features=x, target=target, outcome=target, is_root=np.zeros(4000, bool),
+                    prompt=np.zeros(4000, np.int32))
+    kernel, bias = fit_head(jnp.zeros(6), jnp.zeros(()), data, steps=3000, learning_rate=0.05)
+    np.testing.assert_allclose(kernel, k, atol=0.05)
+    np.testing.assert_allclose(bias, b, atol=0.05)
+
+
+def _spec(batches: int) -> WarmupSpec:
+    return WarmupSpec(batches=batches, group_size=2, roots=8, continuations=2, fit_steps=200, learning_rate=0.05,
+                      sampling=SamplingConfig(temperature=0.8), pad_id=protocol.PAD)
+
+
+def test_warm_up_fits_only_the_head_on_the_samplers_readings():
+    env = tiny_env()
+    model = trained_policy()
+    model.success_kernel[...] = jax.random.normal(jax.random.key(1), model.success_kernel.shape) * 0.3
+    before = jax.tree.map(np.array, nnx.state(model))
+    pools = lambda i: question_pool(env, np.arange(8 * i, 8 * i + 8) % env.world.num_questions)
+    # the readings' features are the hidden states the sampler read V~ from: the head on them gives tree.success
+    plan = Plan(Allocator("uniform_tree", group_size=2), roots=8, continuations=2)
+    tree, _, _ = expand_tree(model, env, pools(0), jax.random.key(0), plan=plan, sampling=SamplingConfig(0.8),
+                             pad_id=protocol.PAD)
+    r = tree_readings(model, tree, prompt_offset=0)
+    assert r.is_root.sum() >= 4 and (~r.is_root).sum() > r.is_root.sum()
+    _, weight = node_targets(tree)
+    rows, cols = np.nonzero(np.asarray(weight) > 0)  # tree_readings' order: each distinct node once
+    head = np.asarray(model.success_from_hidden(jnp.asarray(r.features)))
+    np.testing.assert_allclose(head, np.asarray(tree.success)[rows, cols], atol=1e-4)
+    np.testing.assert_array_equal(r.is_root, cols == 0)
+    np.testing.assert_array_equal(r.outcome, np.asarray(tree.reward)[rows])
+
+    model, report = warm_up_predictor(model, env, pools, jax.random.key(2), _spec(batches=4))
+    after = jax.tree.map(np.array, nnx.state(model))
+    leaves = jax.tree_util.tree_leaves_with_path
+    for (path, a), (_, b) in zip(leaves(before), leaves(after), strict=True):
+        if "success" in jax.tree_util.keystr(path):
+            assert not np.array_equal(a, b)
+        else:
+            np.testing.assert_array_equal(a, b)
+    for key in ("root_auc", "prefix_auc", "root_ece", "prefix_ece", "root_brier", "prefix_brier"):
+        assert 0 <= report[f"warmup/{key}"] <= 1 and 0 <= report[f"warmup/before/{key}"] <= 1
+    assert report["warmup/train_nodes"] > 0

@@ -1,0 +1,76 @@
+"""Runs a comparison: one predictor warm-up per seed shared by every method, then each method per seed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import yaml
+
+from trace_jax.checkpoints import save_model
+from trace_jax.compare.methods import check_fair, method_config, parse_methods
+from trace_jax.compare.plots import plot_comparison
+from trace_jax.compare.summary import markdown_table, summarize
+from trace_jax.config import CompareConfig, TrainConfig, WarmupConfig, to_dict
+from trace_jax.data.hopworld_tfds import build_dataset
+from trace_jax.envs.hopworld import build_world
+from trace_jax.envs.hopworld.env import HopWorldEnv
+from trace_jax.train.loop import base_policy, train, warm_up
+
+
+def run_dir(out_dir: str | Path, method: str, seed: int) -> Path:
+    return Path(out_dir) / "runs" / method / f"seed{seed}"
+
+
+def finished(out_dir: Path, cfg: TrainConfig, done: str) -> bool:
+    """Whether out_dir holds `done` made under `cfg` (its config.yaml); raises if made under another config."""
+    if not (out_dir / done).exists():
+        return False
+    saved = yaml.safe_load((out_dir / "config.yaml").read_text())
+    if saved != yaml.safe_load(yaml.safe_dump(to_dict(cfg))):
+        raise ValueError(f"{out_dir} holds a finished run of another configuration; pick a new out_dir for this "
+                         "comparison or delete that folder")
+    return True
+
+
+def shared_warmup(cfg: TrainConfig, out_dir: Path) -> Path:
+    """The base policy with its head warmed up under `cfg` (seed included), saved once in out_dir; its path."""
+    path = out_dir / "checkpoints"
+    if not finished(out_dir, cfg, "checkpoints"):
+        build_dataset(cfg.data_dir, cfg.world)
+        model = base_policy(cfg)
+        report = warm_up(cfg, model, HopWorldEnv(build_world(cfg.world), cfg.world))
+        save_model(path, 0, model)
+        (out_dir / "warmup.json").write_text(json.dumps(report, indent=1))
+        (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    return path
+
+
+def compare(ccfg: CompareConfig) -> dict:
+    """Trains every method x seed into ccfg.out_dir/runs/<method>/seed<s>, then writes summary.json,
+    results.md and the PNGs there from the runs' raw metrics. Finished runs are reused."""
+    out = Path(ccfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.yaml").write_text(yaml.safe_dump(to_dict(ccfg), sort_keys=False))
+    methods = parse_methods(ccfg.methods)
+    seeds = [ccfg.train.seed + k for k in range(ccfg.seeds)]
+    for seed in seeds:
+        base = dataclasses.replace(ccfg.train, seed=seed)
+        init = shared_warmup(base, out / "warmup" / f"seed{seed}")
+        configs = {m: method_config(base, m, out_dir=str(run_dir(out, m, seed)), init_checkpoint=str(init),
+                                    warmup=WarmupConfig(batches=0)) for m in methods}
+        check_fair(configs)
+        for m, cfg in configs.items():
+            if finished(Path(cfg.out_dir), cfg, "policy"):
+                print(f"compare: {m} seed {seed} already finished in {cfg.out_dir}; reusing it")
+                continue
+            print(f"compare: {m}, seed {seed}")
+            train(cfg)
+    summary = summarize(out, methods, seeds)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "results.md").write_text(markdown_table(summary))
+    plots = plot_comparison(out, methods, seeds, summary)
+    print(markdown_table(summary))
+    print(f"compare: results in {out}: summary.json, results.md, {', '.join(p.name for p in plots)}")
+    return summary

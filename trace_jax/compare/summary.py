@@ -1,0 +1,93 @@
+"""The comparison's numbers, computed only from the runs' raw metrics (`metrics.jsonl`).
+
+Equal cost is judged on cumulative generated policy tokens: every method's test success is read at the same
+cumulative tokens T* (the fewest any run reached), linearly interpolated between its evaluations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from trace_jax.metrics import read_metrics
+
+# per-run statistic -> (table header, format); the table shows mean ± sample std over seeds
+COLUMNS = {
+    "success_at_tokens": ("test success @ T*", "{:.1%}"),
+    "success_start": ("test success, step 0", "{:.1%}"),
+    "success_end": ("test success, last step", "{:.1%}"),
+    "effective_ratio": ("effective ratio", "{:.3f}"),
+    "solve_none": ("solve_none", "{:.3f}"),
+    "solve_all": ("solve_all", "{:.3f}"),
+    "generated_tokens": ("tokens/step", "{:.0f}"),
+    "leaves": ("leaves/step", "{:.1f}"),
+    "prompts": ("prompts/step", "{:.1f}"),
+    "root_auc": ("root AUC (train)", "{:.3f}"),
+    "prefix_auc": ("prefix AUC (train)", "{:.3f}"),
+    "eval_root_auc": ("root AUC (test, end)", "{:.3f}"),
+    "eval_root_ece": ("root ECE (test, end)", "{:.3f}"),
+}
+STEP_MEANS = ("effective_ratio", "solve_none", "solve_all", "generated_tokens", "leaves", "prompts", "root_auc",
+              "prefix_auc")
+
+
+def run_curves(rows: Sequence[dict]) -> dict[str, np.ndarray]:
+    """Per step (step 0 first): step [K+1], cumulative generated tokens [K+1]; and evaluations: eval_step [E],
+    eval_tokens [E] (cumulative tokens at each evaluation), eval_success [E]."""
+    steps = sorted((r for r in rows if r["step"] > 0), key=lambda r: r["step"])
+    tokens = np.concatenate([[0.0], np.cumsum([r["generated_tokens"] for r in steps])])
+    step = np.array([0] + [r["step"] for r in steps])
+    evals = sorted((r for r in rows if r.get("eval/success") is not None), key=lambda r: r["step"])
+    eval_step = np.array([r["step"] for r in evals])
+    return {"step": step, "tokens": tokens, "eval_step": eval_step, "eval_tokens": np.interp(eval_step, step, tokens),
+            "eval_success": np.array([r["eval/success"] for r in evals])}
+
+
+def run_stats(rows: Sequence[dict], tokens_at: float) -> dict[str, float]:
+    """One run's statistics (COLUMNS) with test success read at `tokens_at` cumulative tokens."""
+    c = run_curves(rows)
+    steps = [r for r in rows if r["step"] > 0]
+    last_eval = max((r for r in rows if r.get("eval/success") is not None), key=lambda r: r["step"])
+    out = {"success_at_tokens": float(np.interp(tokens_at, c["eval_tokens"], c["eval_success"])),
+           "success_start": float(c["eval_success"][0]), "success_end": float(c["eval_success"][-1]),
+           "eval_root_auc": last_eval.get("eval/root_auc"), "eval_root_ece": last_eval.get("eval/root_ece")}
+    for key in STEP_MEANS:
+        values = [r[key] for r in steps if r.get(key) is not None]
+        out[key] = float(np.mean(values)) if values else None
+    return out
+
+
+def summarize(out_dir: str | Path, methods: Sequence[str], seeds: Sequence[int]) -> dict:
+    """{"tokens_at": T*, "seeds": [...], "methods": {m: {"runs": {seed: stats}, "mean": {...}, "std": {...}}}}
+    from out_dir/runs/<method>/seed<s>/metrics.jsonl; std is the sample std over seeds (0 for one seed)."""
+    raw = {(m, s): read_metrics(Path(out_dir) / "runs" / m / f"seed{s}") for m in methods for s in seeds}
+    tokens_at = min(float(run_curves(rows)["tokens"][-1]) for rows in raw.values())
+    result = {"tokens_at": tokens_at, "seeds": list(seeds), "methods": {}}
+    for m in methods:
+        runs = {str(s): run_stats(raw[m, s], tokens_at) for s in seeds}
+        mean, std = {}, {}
+        for key in COLUMNS:
+            values = np.array([r[key] for r in runs.values() if r[key] is not None], float)
+            mean[key] = float(values.mean()) if values.size else None
+            std[key] = float(values.std(ddof=1)) if values.size > 1 else 0.0
+        result["methods"][m] = {"runs": runs, "mean": mean, "std": std}
+    return result
+
+
+def markdown_table(summary: dict) -> str:
+    """The summary as a Markdown table, mean ± sample std over seeds."""
+    n = len(summary["seeds"])
+    head = ["method", *(h for h, _ in COLUMNS.values())]
+    lines = [f"Mean ± sample std over {n} seed{'s' * (n > 1)} ({', '.join(map(str, summary['seeds']))}); "
+             f"T* = {summary['tokens_at']:.0f} cumulative generated policy tokens, the fewest any run reached.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for m, s in summary["methods"].items():
+        cells = [m]
+        for key, (_, fmt) in COLUMNS.items():
+            mean, std = s["mean"][key], s["std"][key]
+            cells.append("n/a" if mean is None else f"{fmt.format(mean)} ± {fmt.format(std).rstrip('%')}"
+                         + ("%" if fmt.endswith("%}") else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
