@@ -15,9 +15,9 @@ if _CACHE:
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
-import pytest
+import pytest  # noqa: E402 (after the environment above)
 
-from tiny_qwen3 import TINY_QWEN3, write_tiny_qwen3
+from tiny_qwen3 import TINY_QWEN3, write_tiny_qwen3  # noqa: E402
 
 
 @pytest.fixture(params=sorted(TINY_QWEN3))

@@ -122,7 +122,8 @@ def _data_show(args: argparse.Namespace) -> int:
 
 
 # `compare --quick`: a smoke-sized comparison, applied before the user's overrides
-QUICK_COMPARE = ["seeds=2", "train.steps=6", "train.eval_every=6", "train.warmup.batches=4"]
+QUICK_COMPARE = ["seeds=2", "methods=[trace,grpo,grpo_matched]", "train.steps=6", "train.eval_every=6",
+                 "train.warmup.batches=4", "train.eval_samples=1"]
 
 
 def _add_config_args(parser: argparse.ArgumentParser) -> None:

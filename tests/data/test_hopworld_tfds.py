@@ -75,3 +75,11 @@ def test_corrupt_data_dir(tmp_path, small_cfg, damage):
     with pytest.raises(ValueError, match="corrupt or incomplete.*trace-jax data build"):
         read_split(tmp_path, small_cfg, "train")
     assert len(read_split(tmp_path, small_cfg, "test")) == int(0.1 * small_cfg.num_questions)
+
+
+def test_builds_worlds_with_more_hops_than_default_turns(tmp_path):
+    """Questions of up to 6 hops need max_turns >= 7: the builder's world must not fall back to 6 turns."""
+    cfg = HopWorldConfig(num_entities=64, num_questions=40, max_hops=6, max_turns=7)
+    build_dataset(tmp_path, cfg)
+    hops = {int(ex["hops"]) for split in SPLIT_FRACTIONS for ex in read_split(tmp_path, cfg, split)}
+    assert max(hops) > 4

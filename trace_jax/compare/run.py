@@ -16,7 +16,8 @@ from trace_jax.config import CompareConfig, TrainConfig, WarmupConfig, to_dict
 from trace_jax.data.hopworld_tfds import build_dataset
 from trace_jax.envs.hopworld import build_world
 from trace_jax.envs.hopworld.env import HopWorldEnv
-from trace_jax.train.loop import base_policy, train, warm_up
+from trace_jax.sft import split_questions
+from trace_jax.train.loop import Evaluation, base_policy, evaluate, train, warm_up
 
 
 def run_dir(out_dir: str | Path, method: str, seed: int) -> Path:
@@ -34,17 +35,22 @@ def finished(out_dir: Path, cfg: TrainConfig, done: str) -> bool:
     return True
 
 
-def shared_warmup(cfg: TrainConfig, out_dir: Path) -> Path:
-    """The base policy with its head warmed up under `cfg` (seed included), saved once in out_dir; its path."""
+def shared_start(cfg: TrainConfig, out_dir: Path) -> tuple[Path, Evaluation]:
+    """The base policy with its head warmed up under `cfg` (seed included), saved once in out_dir, and its
+    step-0 evaluation (every method starts from it with the same evaluation keys): (checkpoint, evaluation)."""
     path = out_dir / "checkpoints"
-    if not finished(out_dir, cfg, "checkpoints"):
+    if not finished(out_dir, cfg, "step0_eval.json"):
         build_dataset(cfg.data_dir, cfg.world)
+        env = HopWorldEnv(build_world(cfg.world), cfg.world)
         model = base_policy(cfg)
-        report = warm_up(cfg, model, HopWorldEnv(build_world(cfg.world), cfg.world))
+        report = warm_up(cfg, model, env)
         save_model(path, 0, model)
         (out_dir / "warmup.json").write_text(json.dumps(report, indent=1))
+        questions = split_questions(dataclasses.replace(cfg.sft, world=cfg.world, data_dir=cfg.data_dir), "test")
+        (out_dir / "step0_eval.json").write_text(json.dumps(evaluate(model, env, questions, cfg, 0)))
         (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    return path
+    scores, bins = json.loads((out_dir / "step0_eval.json").read_text())
+    return path, (scores, bins)
 
 
 def compare(ccfg: CompareConfig) -> dict:
@@ -57,7 +63,7 @@ def compare(ccfg: CompareConfig) -> dict:
     seeds = [ccfg.train.seed + k for k in range(ccfg.seeds)]
     for seed in seeds:
         base = dataclasses.replace(ccfg.train, seed=seed)
-        init = shared_warmup(base, out / "warmup" / f"seed{seed}")
+        init, step0 = shared_start(base, out / "warmup" / f"seed{seed}")
         configs = {m: method_config(base, m, out_dir=str(run_dir(out, m, seed)), init_checkpoint=str(init),
                                     warmup=WarmupConfig(batches=0)) for m in methods}
         check_fair(configs)
@@ -66,7 +72,7 @@ def compare(ccfg: CompareConfig) -> dict:
                 print(f"compare: {m} seed {seed} already finished in {cfg.out_dir}; reusing it")
                 continue
             print(f"compare: {m}, seed {seed}")
-            train(cfg)
+            train(cfg, step0_eval=step0)
     summary = summarize(out, methods, seeds)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "results.md").write_text(markdown_table(summary))

@@ -37,9 +37,12 @@ class HopWorldBuilderConfig(tfds.core.BuilderConfig):
     max_hops: int = HopWorldConfig.max_hops
 
     def world_config(self) -> HopWorldConfig:
+        """A world with these questions (they do not depend on the episode limits, so those take defaults,
+        with enough turns for the longest question)."""
         return HopWorldConfig(
             seed=self.seed, num_entities=self.num_entities,
             num_questions=self.num_questions, max_hops=self.max_hops,
+            max_turns=max(HopWorldConfig.max_turns, self.max_hops + 1),
         )
 
 

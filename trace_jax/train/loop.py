@@ -119,8 +119,10 @@ def equal_cost_budget(cfg: TrainConfig, graphdef, state: TrainState, env: HopWor
     return Budget(roots, 0, g)
 
 
-def evaluate(model: Policy, env: HopWorldEnv, questions: np.ndarray, cfg: TrainConfig, step: int
-             ) -> tuple[dict[str, float], dict[str, dict[str, list[float]]]]:
+Evaluation = tuple[dict[str, float], dict[str, dict[str, list[float]]]]  # (eval/* metrics, reliability bins)
+
+
+def evaluate(model: Policy, env: HopWorldEnv, questions: np.ndarray, cfg: TrainConfig, step: int) -> Evaluation:
     """(eval/* metrics: test success per hop and predictor quality, reliability bins) at `step`."""
     questions = np.repeat(questions, cfg.eval_samples)
     tree = rollout_questions(model, env, questions, cfg.eval_batch, jax.random.fold_in(jax.random.key(cfg.seed + 7),
@@ -129,8 +131,12 @@ def evaluate(model: Policy, env: HopWorldEnv, questions: np.ndarray, cfg: TrainC
     return {f"eval/{k}": v for k, v in out.items()}, reliability(tree)
 
 
-def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = False) -> dict[str, float]:
+def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = False,
+          step0_eval: Evaluation | None = None) -> dict[str, float]:
     """Run RL; returns the last step's metrics. Everything lands under cfg.out_dir.
+
+    step0_eval: `evaluate` of the starting policy at step 0, when the caller has it already (a comparison's
+    methods share their starting policy and evaluation keys); computed here when None.
 
     resume: continue from the newest checkpoint; fails first thing if there is none, or if `cfg` differs from the
     config it was saved with beyond `checkpoint.RESUMABLE_CHANGES` (unless `allow_config_change`).
@@ -174,8 +180,9 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
           f"group G={budget.group_size} ({roots * (1 + continuations)} slots), {cfg.steps} steps, "
           f"mesh {dict(mesh.shape)}")
 
-    def log_eval(step: int, metrics: dict[str, float]) -> None:  # adds eval/* to metrics, appends the bins
-        scores, bins = evaluate(nnx.merge(graphdef, state.params), env, test_questions, cfg, step)
+    def log_eval(step: int, metrics: dict[str, float], done: Evaluation | None = None) -> None:
+        """Adds eval/* to metrics and appends the reliability bins (`done`: this evaluation, already made)."""
+        scores, bins = done or evaluate(nnx.merge(graphdef, state.params), env, test_questions, cfg, step)
         metrics.update(scores)
         with (out / RELIABILITY_FILE).open("a") as f:
             f.write(json.dumps({"step": step, **bins}) + "\n")
@@ -187,7 +194,7 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
     with MetricsLogger(out, resume_from_step=start if resume else None) as log:
         if start == 0:
             first = dict(warmup)
-            log_eval(0, first)
+            log_eval(0, first, step0_eval)
             log.log(0, first)
         bar = tqdm(range(start + 1, cfg.steps + 1), desc=f"train {cfg.allocator}", initial=start, total=cfg.steps)
         for step in bar:
