@@ -1,5 +1,6 @@
 """Smoke test of the sampler benchmark's measurements on a tiny model (speed is not asserted)."""
 
+import numpy as np
 import pytest
 
 from toy import TINY_POLICY, tiny_env
@@ -28,3 +29,17 @@ def test_solver_benchmark_prints_rows(capsys):
     rows = capsys.readouterr().out.splitlines()
     assert any(r.split()[:3] == ["root_counts", "4", "6"] for r in rows)
     assert any(r.split()[:3] == ["prefix_counts", "4", "6"] for r in rows)
+
+
+def test_contrast_figures_by_hand():
+    from trace_jax.bench.contrast import contrast_figures
+
+    # 4 questions x 4 episodes (the last one held out); groups of 2 = the first two episodes
+    reward = np.array([[1, 1, 1, 1], [1, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 0]], bool)
+    hops = np.array([1, 1, 2, 2])
+    r = contrast_figures(reward, hops, group=2)
+    assert r["success_hop1"] == pytest.approx(5 / 6) and r["success_hop2"] == 0.0
+    assert r["mixed_at_group"] == 0.25  # only question 1's first two episodes differ
+    # held-out outcomes [1, 0, 1, 0]; own rates [1, 2/3, 0, 0]: positives score 1 and 0, negatives 2/3 and 0
+    assert r["auc_question_mean"] == pytest.approx((1 + 1 + 0 + 0.5) / 4)
+    assert r["auc_hop_rate"] == pytest.approx((1 + 0.5 + 0.5 + 0) / 4)

@@ -74,6 +74,14 @@ def _bench_sampler(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_contrast(args: argparse.Namespace) -> int:
+    from trace_jax.bench.contrast import run_contrast_bench
+    from trace_jax.config import TrainConfig, load_config
+
+    run_contrast_bench(load_config(TrainConfig, args.config, args.overrides), args.samples, args.group)
+    return 0
+
+
 def _bench_solver(args: argparse.Namespace) -> int:
     from trace_jax.bench.solver import run_solver_bench
 
@@ -210,6 +218,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated pool sizes B")
     solver.add_argument("--roots", type=_positive_ints, default=(512, 1024), help="comma-separated root budgets M")
     solver.set_defaults(func=_bench_solver)
+    contrast = bench.add_parser("contrast", help="a world's contrast (GRPO's effective ratio) and predictor ceilings",
+                                description="Sample K episodes of every test question with the base policy: success "
+                                            "per hop, the share of mixed groups of G, and the root AUC a predictor "
+                                            "can reach (the question's own success rate, its hop count's), beside "
+                                            "the warmed-up head's.")
+    _add_config_args(contrast)
+    contrast.add_argument("--samples", type=_positive_int, default=9, help="episodes per test question (K)")
+    contrast.add_argument("--group", type=_positive_int, default=8, help="group size G (< K)")
+    contrast.set_defaults(func=_bench_contrast)
 
     data = sub.add_parser("data", help="dataset commands").add_subparsers(dest="data_command",
                                                                         metavar="ACTION", required=True)
