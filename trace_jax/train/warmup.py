@@ -3,7 +3,7 @@
 The base policy expands uniform trees (every prompt gets the same roots, every anchor the same share of
 continuations) with the same engine and sampling as training, so the head sees prompt-level and
 turn-level targets (`objectives.node_targets`). With the backbone frozen the head is a linear read of
-fixed features, so the fit is full-batch Adam on the weighted squared error, the loss RL keeps using.
+fixed features, so the fit is full-batch Adam on the log loss (see `fit_head`).
 A quarter of the prompts is held out and the head's quality on them is reported.
 """
 
@@ -66,14 +66,21 @@ def select(r: Readings, mask: np.ndarray) -> Readings:
     return jax.tree.map(lambda x: x[mask], r)
 
 
-def fit_head(kernel: jax.Array, bias: jax.Array, data: Readings, steps: int, learning_rate: float
-             ) -> tuple[jax.Array, jax.Array]:
-    """(kernel [D], bias []) after `steps` full-batch Adam steps on mean (sigmoid(f.k + b) - target)^2."""
+def fit_head(kernel: jax.Array, bias: jax.Array, data: Readings, steps: int, learning_rate: float,
+             l2: float = 1e-4) -> tuple[jax.Array, jax.Array]:
+    """(kernel [D], bias []) after `steps` full-batch Adam steps on the log loss of sigmoid(f.k + b) against the
+    soft targets, plus l2 * |k|^2.
+
+    The log loss has the same minimiser as the squared error RL uses (the targets' conditional mean), but it is
+    convex for a linear head and its gradient does not vanish on a saturated sigmoid: a squared-error fit can
+    push every logit to one side (V~ = 1 everywhere on a pool of mostly solved prompts) and never come back.
+    """
     tx = optax.adam(learning_rate)
     x, y = jnp.asarray(data.features), jnp.asarray(data.target)
 
     def loss(p):
-        return jnp.mean((jax.nn.sigmoid(x @ p[0] + p[1]) - y) ** 2)
+        logit = x @ p[0] + p[1]
+        return jnp.mean(optax.sigmoid_binary_cross_entropy(logit, y)) + l2 * jnp.sum(p[0] ** 2)
 
     def body(carry, _):
         p, s = carry
