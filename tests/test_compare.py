@@ -53,6 +53,7 @@ def test_success_is_read_at_equal_cumulative_tokens(tmp_path):
     assert s["methods"]["a"]["mean"]["success_at_tokens"] == pytest.approx(0.7)  # a's step-2 evaluation
     assert s["methods"]["b"]["mean"]["success_at_tokens"] == pytest.approx(0.6)
     assert s["methods"]["a"]["mean"]["success_end"] == pytest.approx(0.9)
+    assert s["methods"]["b"]["mean"]["mixed_prompts"] == pytest.approx(0.25 * 2)
     # between evaluations: linear in tokens
     rows = [json.loads(line) for line in (tmp_path / "runs/a/seed0/metrics.jsonl").read_text().splitlines()]
     assert run_stats(rows, 300)["success_at_tokens"] == pytest.approx(0.8)

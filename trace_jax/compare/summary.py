@@ -19,6 +19,7 @@ COLUMNS = {
     "success_start": ("test success, step 0", "{:.1%}"),
     "success_end": ("test success, last step", "{:.1%}"),
     "effective_ratio": ("effective ratio", "{:.3f}"),
+    "mixed_prompts": ("mixed prompts/step", "{:.2f}"),
     "solve_none": ("solve_none", "{:.3f}"),
     "solve_all": ("solve_all", "{:.3f}"),
     "generated_tokens": ("tokens/step", "{:.0f}"),
@@ -56,6 +57,8 @@ def run_stats(rows: Sequence[dict], tokens_at: float) -> dict[str, float]:
     for key in STEP_MEANS:
         values = [r[key] for r in steps if r.get(key) is not None]
         out[key] = float(np.mean(values)) if values else None
+    # the effective ratio is a share of the opened prompts; this counts them (one prompt opened: at most 1)
+    out["mixed_prompts"] = float(np.mean([r["effective_ratio"] * r["prompts"] for r in steps]))
     return out
 
 
