@@ -37,7 +37,7 @@ def plot_comparison(out_dir: str | Path, methods: Sequence[str], seeds: Sequence
     out = Path(out_dir)
     runs = {m: {s: out / "runs" / m / f"seed{s}" for s in seeds} for m in methods}
     metrics = {m: {s: read_metrics(d) for s, d in r.items()} for m, r in runs.items()}
-    band = "mean ± sample std over seeds" if len(seeds) > 1 else "one seed"
+    band = "± sample std over seeds" if len(seeds) > 1 else "one seed"
 
     fig = Figure(figsize=(6, 4.5), layout="constrained")
     ax = fig.subplots()
@@ -48,7 +48,7 @@ def plot_comparison(out_dir: str | Path, methods: Sequence[str], seeds: Sequence
         for c in curves:
             ax.scatter(c["eval_tokens"], c["eval_success"], s=8, color=ax.lines[-1].get_color(), alpha=0.5)
     ax.set(xlabel="cumulative generated policy tokens", ylabel="test success", xlim=(0, None),
-           title=f"test success at equal cost ({band}; dots: evaluations)")
+           title=f"test success at equal cost\n(band: {band}; dots: evaluations)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     paths = [_save(fig, out / "success_vs_tokens.png")]
