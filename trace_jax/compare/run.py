@@ -47,8 +47,8 @@ def shared_start(cfg: TrainConfig, out_dir: Path) -> tuple[Path, Evaluation]:
         save_model(path, 0, model)
         (out_dir / "warmup.json").write_text(json.dumps(report, indent=1))
         questions = split_questions(dataclasses.replace(cfg.sft, world=cfg.world, data_dir=cfg.data_dir), "test")
-        (out_dir / "step0_eval.json").write_text(json.dumps(evaluate(model, env, questions, cfg, 0)))
         (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        (out_dir / "step0_eval.json").write_text(json.dumps(evaluate(model, env, questions, cfg, 0)))  # last: done
     scores, bins = json.loads((out_dir / "step0_eval.json").read_text())
     return path, (scores, bins)
 
