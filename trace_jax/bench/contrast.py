@@ -12,8 +12,6 @@ question. Printed:
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,10 +20,9 @@ from trace_jax.config import TrainConfig
 from trace_jax.data.hopworld_tfds import build_dataset
 from trace_jax.envs.hopworld import build_world
 from trace_jax.envs.hopworld.env import HopWorldEnv
-from trace_jax.evaluate import question_pool, rollout_questions
+from trace_jax.evaluate import question_pool, rollout_questions, success_by_hops
 from trace_jax.objectives import auc
 from trace_jax.rollout.engine import SamplingConfig
-from trace_jax.sft import split_questions
 
 
 def contrast_figures(reward: np.ndarray, hops: np.ndarray, group: int) -> dict[str, float]:
@@ -33,19 +30,19 @@ def contrast_figures(reward: np.ndarray, hops: np.ndarray, group: int) -> dict[s
     ceilings over the first K - 1 episodes, and mixed_at_group over the first `group` episodes."""
     seen, held = reward[:, :-1], reward[:, -1]
     every = jnp.ones(len(reward), bool)
-    out = {f"success_hop{h}": float(seen[hops == h].mean()) for h in sorted(set(hops.tolist()))}
+    by_hops = success_by_hops(seen.reshape(-1), np.repeat(hops, seen.shape[1]))
+    out = {k: v for k, v in by_hops.items() if k.startswith("success_hop")}
     first = reward[:, :group]
     out["mixed_at_group"] = float((first.any(1) & ~first.all(1)).mean())
     out["auc_question_mean"] = float(auc(jnp.asarray(seen.mean(1)), jnp.asarray(held), every))
-    rate = {h: seen[hops == h].mean() for h in set(hops.tolist())}
-    out["auc_hop_rate"] = float(auc(jnp.asarray([rate[h] for h in hops]), jnp.asarray(held), every))
+    out["auc_hop_rate"] = float(auc(jnp.asarray([by_hops[f"success_hop{h}"] for h in hops]), jnp.asarray(held), every))
     return out
 
 
 def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = True) -> dict[str, float]:
     """The figures above as a dict: success_hop{h}, mixed_at_group, auc_question_mean, auc_hop_rate,
     auc_head (after the warm-up; absent when warmup is False)."""
-    from trace_jax.train.loop import base_policy, warm_up
+    from trace_jax.train.loop import base_policy, held_out_questions, warm_up
 
     if samples < group + 1 or group < 2:
         raise ValueError(f"need group >= 2 and samples >= group + 1 (one held-out episode), got group={group}, "
@@ -53,7 +50,7 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
     build_dataset(cfg.data_dir, cfg.world)
     env = HopWorldEnv(build_world(cfg.world), cfg.world)
     model = base_policy(cfg)
-    questions = split_questions(dataclasses.replace(cfg.sft, world=cfg.world, data_dir=cfg.data_dir), "test")
+    questions = held_out_questions(cfg)
     sampling = SamplingConfig(cfg.temperature, cfg.top_p)
     tree = rollout_questions(model, env, np.repeat(questions, samples), cfg.eval_batch, jax.random.key(cfg.seed + 11),
                              sampling)

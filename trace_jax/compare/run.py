@@ -16,8 +16,7 @@ from trace_jax.config import CompareConfig, TrainConfig, WarmupConfig, to_dict
 from trace_jax.data.hopworld_tfds import build_dataset
 from trace_jax.envs.hopworld import build_world
 from trace_jax.envs.hopworld.env import HopWorldEnv
-from trace_jax.sft import split_questions
-from trace_jax.train.loop import Evaluation, base_policy, evaluate, train, warm_up
+from trace_jax.train.loop import Evaluation, base_policy, evaluate, held_out_questions, train, warm_up
 
 
 def run_dir(out_dir: str | Path, method: str, seed: int) -> Path:
@@ -46,7 +45,7 @@ def shared_start(cfg: TrainConfig, out_dir: Path) -> tuple[Path, Evaluation]:
         report = warm_up(cfg, model, env)
         save_model(path, 0, model)
         (out_dir / "warmup.json").write_text(json.dumps(report, indent=1))
-        questions = split_questions(dataclasses.replace(cfg.sft, world=cfg.world, data_dir=cfg.data_dir), "test")
+        questions = held_out_questions(cfg)
         (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         (out_dir / "step0_eval.json").write_text(json.dumps(evaluate(model, env, questions, cfg, 0)))  # last: done
     scores, bins = json.loads((out_dir / "step0_eval.json").read_text())

@@ -50,6 +50,11 @@ def base_policy(cfg: TrainConfig) -> Policy:
     return load_model(path)
 
 
+def held_out_questions(cfg: TrainConfig) -> np.ndarray:
+    """The test split's question ids of cfg's world (what `evaluate` scores)."""
+    return split_questions(dataclasses.replace(cfg.sft, world=cfg.world, data_dir=cfg.data_dir), "test")
+
+
 def pool_of(batch: dict[str, np.ndarray]) -> Pool:
     return Pool(tokens=jnp.asarray(batch["prompt_ids"]), lengths=jnp.asarray(batch["prompt_len"]),
                 question=jnp.asarray(batch["question_id"]))
@@ -150,7 +155,7 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
     env = HopWorldEnv(build_world(cfg.world), cfg.world)
     build_dataset(cfg.data_dir, cfg.world)
     loader = hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed)
-    test_questions = split_questions(dataclasses.replace(cfg.sft, world=cfg.world, data_dir=cfg.data_dir), "test")
+    questions = held_out_questions(cfg)
 
     mesh = shd.make_mesh(cfg.mesh)
     model = base_policy(cfg)
@@ -182,7 +187,7 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
 
     def log_eval(step: int, metrics: dict[str, float], done: Evaluation | None = None) -> None:
         """Adds eval/* to metrics and appends the reliability bins (`done`: this evaluation, already made)."""
-        scores, bins = done or evaluate(nnx.merge(graphdef, state.params), env, test_questions, cfg, step)
+        scores, bins = done or evaluate(nnx.merge(graphdef, state.params), env, questions, cfg, step)
         metrics.update(scores)
         with (out / RELIABILITY_FILE).open("a") as f:
             f.write(json.dumps({"step": step, **bins}) + "\n")
