@@ -89,6 +89,43 @@ def _bench_solver(args: argparse.Namespace) -> int:
     return 0
 
 
+def _retrieve_index(args: argparse.Namespace) -> int:
+    from trace_jax.retrieval.bm25 import build_index
+
+    path = build_index(args.corpus, args.index)
+    print(f"BM25 index of {args.corpus} saved in {path}; serve it with `trace-jax retrieve serve --index {path}`")
+    return 0
+
+
+def _retrieve_serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from trace_jax.retrieval.bm25 import Bm25Index, build_index
+    from trace_jax.retrieval.server import make_server
+
+    if (args.index is None) == (args.corpus is None):
+        raise ValueError("give exactly one of --index DIR (built by `trace-jax retrieve index`) or --corpus FILE")
+    index = args.index
+    if args.corpus is not None:
+        index = Path(args.corpus).with_suffix(".bm25")
+        try:
+            searcher = Bm25Index(index)
+        except (FileNotFoundError, ValueError):  # not built yet, or the corpus changed since
+            searcher = Bm25Index(build_index(args.corpus, index))
+    else:
+        searcher = Bm25Index(index)
+    server = make_server(searcher, args.host, args.port, args.topk)
+    print(f"serving {len(searcher.corpus)} passages of {searcher.corpus.path} at "
+          f"http://{args.host}:{server.server_port}/retrieve (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 def _positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (argparse turns the ValueError into a usage error naming the flag)."""
     value = int(text)
@@ -227,6 +264,24 @@ def build_parser() -> argparse.ArgumentParser:
     contrast.add_argument("--samples", type=_positive_int, default=9, help="episodes per test question (K)")
     contrast.add_argument("--group", type=_positive_int, default=8, help="group size G (< K)")
     contrast.set_defaults(func=_bench_contrast)
+
+    retrieve = sub.add_parser("retrieve", help="the BM25 retrieval server (Search-R1's /retrieve protocol)"
+                              ).add_subparsers(dest="retrieve_command", metavar="ACTION", required=True)
+    index = retrieve.add_parser("index", help="build and save a BM25 index of a wiki-18 style JSONL corpus")
+    index.add_argument("--corpus", required=True,
+                       help='JSONL, one {"id": ..., "contents": "\\"title\\"\\ntext"} per line')
+    index.add_argument("--index", required=True, help="output folder")
+    index.set_defaults(func=_retrieve_index)
+    serve = retrieve.add_parser("serve", help="answer POST /retrieve from a BM25 index",
+                                description="Serve Search-R1's /retrieve protocol: POST {\"queries\": [...], "
+                                            "\"topk\": k, \"return_scores\": bool}. With --corpus, the index is "
+                                            "built next to it (<corpus>.bm25) when missing or stale.")
+    serve.add_argument("--index", default=None, help="index folder from `trace-jax retrieve index`")
+    serve.add_argument("--corpus", default=None, help="JSONL corpus (indexed on first use)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--topk", type=_positive_int, default=3, help="passages per query when a request gives none")
+    serve.set_defaults(func=_retrieve_serve)
 
     data = sub.add_parser("data", help="dataset commands").add_subparsers(dest="data_command",
                                                                         metavar="ACTION", required=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import jax
+import numpy as np
 
 
 class JaxEnv(Protocol):
@@ -29,3 +30,22 @@ class JaxEnv(Protocol):
              ) -> tuple[Any, jax.Array, jax.Array, jax.Array, jax.Array]:
         """(state, action [S, A], action_len [S]) -> (state, obs [S, O], obs_len [S], reward [S],
         done [S])."""
+
+
+class HostEnv(Protocol):
+    """A multi-turn environment on the host (tools: a retriever, a sandbox), batched over S slots.
+
+    The episode's state is the slot's question and the turns it has taken, both read from the
+    rollout tree, so forking a continuation mid-episode needs nothing from the environment.
+    """
+
+    max_turns: int
+    action_len: int
+    obs_len: int
+    stop_ids: tuple[int, ...]
+
+    def step(self, question: np.ndarray, turn: np.ndarray, live: np.ndarray, action: np.ndarray,
+             action_len: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """One turn of every live slot: question ids [S], turns taken before this one [S], live [S] bool,
+        action [S, A] token ids, action_len [S] -> (obs [S, O], obs_len [S], reward [S], done [S]).
+        Entries of slots that are not live are ignored. Must not raise on any action."""

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from trace_jax.envs.base import JaxEnv
+from trace_jax.envs.base import HostEnv, JaxEnv
 from trace_jax.models.cache import KVCache
 from trace_jax.models.decode import at_rows
 from trace_jax.models.jit import jit_with_model
@@ -181,33 +181,32 @@ def run_turns(model: Policy, env: JaxEnv, ro: Rollout, *, sampling: SamplingConf
     return jax.lax.fori_loop(0, env.max_turns, turn_body, ro)
 
 
-HostStep = Callable[[np.ndarray, np.ndarray, np.ndarray],
-                    tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+generate_turn_jit = jit_with_model(generate_turn, static_argnames=("spec", "sampling"))
+append_observation_jit = jit_with_model(append_observation)
 
 
 def host_turn_fns(model: Policy, spec: TurnSpec, sampling: SamplingConfig):
-    """(generate, append) for `run_turns_host`: `generate_turn` and `append_observation` over
-    this model, each compiled once (static shapes) and called from Python."""
-    generate = jit_with_model(generate_turn, static_argnames=("spec", "sampling"))
-    return (functools.partial(generate, model, spec=spec, sampling=sampling),
-            functools.partial(jit_with_model(append_observation), model))
+    """(generate, append) for `run_turns_host`: `generate_turn` and `append_observation` over this
+    model, compiled once per (model graph, shapes, spec, sampling) and called from Python."""
+    return (functools.partial(generate_turn_jit, model, spec=spec, sampling=sampling),
+            functools.partial(append_observation_jit, model))
 
 
 def run_turns_host(generate: Callable[[Rollout], tuple[Rollout, jax.Array, jax.Array]],
-                   append: Callable[[Rollout, Any, Any, Any, Any], Rollout], host_step: HostStep,
-                   ro: Rollout, max_turns: int) -> Rollout:
-    """The same loop with the environment on the host.
+                   append: Callable[[Rollout, Any, Any, Any, Any], Rollout], env: HostEnv, ro: Rollout) -> Rollout:
+    """The same loop with the environment on the host: one `env.step` per turn for all live slots.
 
     generate / append: `generate_turn` / `append_observation` closed over model, spec and sampling,
-    each jitted once by the caller. host_step(live [S], action [S, A], action_len [S]) ->
-    (obs [S, O], obs_len [S], reward [S], done [S]) as numpy, e.g. calling a retriever.
+    each jitted once by the caller (`host_turn_fns`).
     """
-    for _ in range(max_turns):
+    question = np.asarray(ro.tree.question)
+    for _ in range(env.max_turns):
         live = ~np.asarray(ro.tree.done)
         if not live.any():
             break
+        turn = np.asarray(ro.tree.num_turns)
         ro, action, action_len = generate(ro)
-        obs, obs_len, reward, done = host_step(live, np.asarray(action), np.asarray(action_len))
+        obs, obs_len, reward, done = env.step(question, turn, live, np.asarray(action), np.asarray(action_len))
         ro = append(ro, jnp.asarray(obs, jnp.int32), jnp.asarray(obs_len, jnp.int32),
                     jnp.asarray(reward, jnp.float32), jnp.asarray(done, bool))
     return ro

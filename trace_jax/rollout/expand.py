@@ -162,6 +162,39 @@ def concat(a: Tree, b: Tree) -> Tree:
     return jax.tree.map(lambda x, y: jnp.concatenate([x, y]), a, b)
 
 
+def start_stage1(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan, pad_id: int
+                 ) -> tuple[Rollout, jax.Array, jax.Array]:
+    """Prefill the pool, allocate roots (stage 1) and start them: (roots, pool_v [B], m [B]).
+    `key` is the step's key; its split is shared with `start_stage2`."""
+    k_roots, _, k_root_slots, _ = jax.random.split(key, 4)
+    pre = prefill_pool(model, pool)
+    prompt_of_slot, m = plan.root_slots(k_roots, pre.success)
+    ro = start_roots(model, env, pool, pre, prompt_of_slot, jax.random.split(k_root_slots, plan.roots), pad_id=pad_id)
+    return ro, pre.success, m
+
+
+def start_stage2(model: Policy, env: JaxEnv, roots: Rollout, m: jax.Array, key: jax.Array, *, plan: Plan,
+                 pad_id: int) -> tuple[Rollout, jax.Array]:
+    """Allocate anchors among the finished roots (stage 2) and fork them: (continuations, unplaced [])."""
+    _, k_prefix, _, k_cont_slots = jax.random.split(key, 4)
+    parent, branch_turn, unplaced = plan.continuation_slots(k_prefix, roots.tree, m)
+    cont = fork(model, env, roots, parent, branch_turn, jax.random.split(k_cont_slots, parent.shape[0]),
+                pad_id=pad_id)
+    return cont, unplaced
+
+
+def join_phases(phases: list[Rollout], unplaced: jax.Array) -> tuple[Tree, dict[str, jax.Array]]:
+    """The tree of the finished roots (and continuations) and the expansion's stats (see `expand`)."""
+    tree = phases[0].tree if len(phases) == 1 else concat(phases[0].tree, phases[1].tree)
+    capacity = sum(p.tree.num_slots * p.decode_steps for p in phases)
+    stats = {"utilisation": sum(p.live_tokens for p in phases) / jnp.maximum(capacity, 1),
+             "decode_steps": sum(p.decode_steps for p in phases),
+             "live_tokens": sum(p.live_tokens for p in phases),
+             "fed_positions": sum(p.fed_positions for p in phases),
+             "stage2_unplaced": unplaced}
+    return tree, stats
+
+
 def expand(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan, sampling: SamplingConfig,
            pad_id: int) -> tuple[Tree, jax.Array, dict[str, jax.Array]]:
     """One step's rollout tree: allocate roots, roll them out, allocate anchors, fork and roll out.
@@ -173,25 +206,14 @@ def expand(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan
         `tree.model_tokens`;
       stage2_unplaced: continuation budget the allocator could not place (no anchor, or capped).
     """
-    k_roots, k_prefix, k_root_slots, k_cont_slots = jax.random.split(key, 4)
-    pre = prefill_pool(model, pool)
-    prompt_of_slot, m = plan.root_slots(k_roots, pre.success)
-    ro = start_roots(model, env, pool, pre, prompt_of_slot, jax.random.split(k_root_slots, plan.roots), pad_id=pad_id)
+    ro, pool_v, m = start_stage1(model, env, pool, key, plan=plan, pad_id=pad_id)
     phases = [run_turns(model, env, ro, sampling=sampling)]
     unplaced = jnp.zeros((), jnp.int32)
     if plan.continuations:
-        parent, branch_turn, unplaced = plan.continuation_slots(k_prefix, phases[0].tree, m)
-        cont = fork(model, env, phases[0], parent, branch_turn, jax.random.split(k_cont_slots, parent.shape[0]),
-                    pad_id=pad_id)
+        cont, unplaced = start_stage2(model, env, phases[0], m, key, plan=plan, pad_id=pad_id)
         phases.append(run_turns(model, env, cont, sampling=sampling))
-    tree = phases[0].tree if len(phases) == 1 else concat(phases[0].tree, phases[1].tree)
-    capacity = sum(p.tree.num_slots * p.decode_steps for p in phases)
-    stats = {"utilisation": sum(p.live_tokens for p in phases) / jnp.maximum(capacity, 1),
-             "decode_steps": sum(p.decode_steps for p in phases),
-             "live_tokens": sum(p.live_tokens for p in phases),
-             "fed_positions": sum(p.fed_positions for p in phases),
-             "stage2_unplaced": unplaced}
-    return tree, pre.success, stats
+    tree, stats = join_phases(phases, unplaced)
+    return tree, pool_v, stats
 
 
 expand_tree = jit_with_model(expand, static_argnames=("plan", "sampling", "pad_id"))

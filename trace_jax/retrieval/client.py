@@ -1,0 +1,127 @@
+"""A client of the Search-R1 `/retrieve` protocol: batched, with timeouts, retries with backoff and an
+on-disk cache.
+
+Every call either returns within about `timeout_s * (retries + 1) + backoff` seconds or raises
+`RetrieverError` naming the URL: a training run never hangs on a dead retriever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import sqlite3
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+class RetrieverError(RuntimeError):
+    pass
+
+
+@dataclasses.dataclass(frozen=True)
+class RetrieverConfig:
+    url: str = "http://127.0.0.1:8000/retrieve"
+    topk: int = 3  # passages per query
+    timeout_s: float = 30.0  # per HTTP request
+    retries: int = 3  # further attempts after a failed request
+    backoff_s: float = 0.5  # wait before retry r: backoff_s * 2**r
+    batch_size: int = 256  # queries per HTTP request
+    cache_dir: str | None = None  # on-disk cache of (url, topk, query) -> passages; None: no cache
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"retriever.url must be an http(s) URL, got {self.url!r}")
+        for name in ("topk", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"retriever.{name} must be >= 1, got {getattr(self, name)}")
+        if self.timeout_s <= 0 or self.retries < 0 or self.backoff_s < 0:
+            raise ValueError("retriever.timeout_s must be > 0, retries and backoff_s >= 0")
+
+
+def _check_response(payload: object, n: int) -> list[list[dict]]:
+    """The `result` of a response with scores: n lists of {"document": {"contents": str, ...}, "score"}."""
+    result = payload.get("result") if isinstance(payload, dict) else None
+    if not isinstance(result, list) or len(result) != n:
+        raise ValueError(f'expected {{"result": [...]}} with {n} lists, got {str(payload)[:200]}')
+    for hits in result:
+        if not isinstance(hits, list) or not all(
+                isinstance(h, dict) and isinstance(h.get("document"), dict)
+                and isinstance(h["document"].get("contents"), str) for h in hits):
+            raise ValueError(f"malformed hits {str(hits)[:200]}")
+    return result
+
+
+class _Cache:
+    """(url, topk, query) -> hits, in one sqlite file shared by threads."""
+
+    def __init__(self, cache_dir: str):
+        Path(cache_dir).mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(Path(cache_dir) / "retrieval_cache.sqlite", check_same_thread=False)
+        self._db.execute("CREATE TABLE IF NOT EXISTS hits (key TEXT PRIMARY KEY, value TEXT)")
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(url: str, topk: int, query: str) -> str:
+        return hashlib.sha256(json.dumps([url, topk, query]).encode()).hexdigest()
+
+    def get(self, keys: list[str]) -> dict[str, list[dict]]:
+        with self._lock:
+            found = {}
+            for k in keys:
+                row = self._db.execute("SELECT value FROM hits WHERE key = ?", (k,)).fetchone()
+                if row:
+                    found[k] = json.loads(row[0])
+            return found
+
+    def put(self, items: dict[str, list[dict]]) -> None:
+        with self._lock, self._db:
+            self._db.executemany("INSERT OR REPLACE INTO hits VALUES (?, ?)",
+                                 [(k, json.dumps(v)) for k, v in items.items()])
+
+
+class RetrieverClient:
+    def __init__(self, cfg: RetrieverConfig):
+        self.cfg = cfg
+        self._cache = _Cache(cfg.cache_dir) if cfg.cache_dir else None
+
+    def _post(self, queries: list[str]) -> list[list[dict]]:
+        cfg = self.cfg
+        body = json.dumps({"queries": queries, "topk": cfg.topk, "return_scores": True}).encode()
+        error: Exception | None = None
+        for attempt in range(cfg.retries + 1):
+            if attempt:
+                time.sleep(cfg.backoff_s * 2 ** (attempt - 1))
+            request = urllib.request.Request(cfg.url, data=body, headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=cfg.timeout_s) as response:
+                    result = _check_response(json.loads(response.read()), len(queries))
+                return result
+            except urllib.error.HTTPError as e:
+                if e.code < 500:  # the request itself is wrong: retrying repeats it
+                    raise RetrieverError(f"retriever at {cfg.url} rejected the request: HTTP {e.code} "
+                                         f"{e.read()[:300]!r}") from None
+                error = e
+            except (OSError, ValueError) as e:  # refused, reset, timed out, malformed JSON or shape
+                error = e
+        raise RetrieverError(f"retriever at {cfg.url} failed {cfg.retries + 1} times; last error: {error!r}. "
+                             "Is it running? Start one with `trace-jax retrieve serve --index DIR --port P`, "
+                             "or set retriever.url") from None
+
+    def retrieve(self, queries: list[str]) -> list[list[dict]]:
+        """The top-k hits `{"document": {"id", "contents"}, "score"}` of every query, in order."""
+        keys = [_Cache.key(self.cfg.url, self.cfg.topk, q) for q in queries]
+        found = self._cache.get(keys) if self._cache else {}
+        todo = list(dict.fromkeys(q for q, k in zip(queries, keys) if k not in found))
+        fetched = {}
+        for start in range(0, len(todo), self.cfg.batch_size):
+            batch = todo[start:start + self.cfg.batch_size]
+            for q, hits in zip(batch, self._post(batch)):
+                fetched[_Cache.key(self.cfg.url, self.cfg.topk, q)] = hits
+        if self._cache and fetched:
+            self._cache.put(fetched)
+        found.update(fetched)
+        return [found[k] for k in keys]

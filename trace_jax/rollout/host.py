@@ -1,0 +1,64 @@
+"""Tree expansion with the environment on the host (a retriever, a sandbox).
+
+The same stages, slots and keys as `rollout.expand.expand`: stage 1, the roots' turns, stage 2, the
+continuations' turns. The array work (prefill and allocation, forks, each turn's generation and
+observation) is compiled once per shapes; between turns the host answers every live slot in one
+`HostEnv.step` call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from trace_jax.allocation import Plan
+from trace_jax.envs.base import HostEnv
+from trace_jax.models.jit import jit_with_model
+from trace_jax.models.qwen3 import Policy
+from trace_jax.rollout.engine import SamplingConfig, TurnSpec, host_turn_fns, run_turns_host
+from trace_jax.rollout.expand import Pool, join_phases, start_stage1, start_stage2
+from trace_jax.rollout.tree import Tree
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class NoEnvState:
+    """What the stages' array code needs of an environment that lives on the host: its turn shapes.
+    Episodes carry no device state (the host reads question and turn from the tree)."""
+
+    max_turns: int = dataclasses.field(metadata=dict(static=True))
+    action_len: int = dataclasses.field(metadata=dict(static=True))
+    obs_len: int = dataclasses.field(metadata=dict(static=True))
+    stop_ids: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+
+    @classmethod
+    def of(cls, env: HostEnv) -> NoEnvState:
+        return cls(env.max_turns, env.action_len, env.obs_len, tuple(env.stop_ids))
+
+    def reset(self, question: jax.Array) -> jax.Array:
+        return jnp.zeros_like(question)
+
+    def at_turn(self, state: jax.Array, turns: jax.Array) -> jax.Array:
+        return jnp.zeros_like(turns)
+
+
+_stage1 = jit_with_model(start_stage1, static_argnames=("plan", "pad_id"))
+_stage2 = jit_with_model(start_stage2, static_argnames=("plan", "pad_id"))
+
+
+def expand_host(model: Policy, env: HostEnv, pool: Pool, key: jax.Array, *, plan: Plan, sampling: SamplingConfig,
+                pad_id: int) -> tuple[Tree, jax.Array, dict[str, jax.Array]]:
+    """`expand` with `env` on the host: (tree [S], pool_v [B], stats), equal to `expand` of the same
+    environment written in JAX under the same key."""
+    shape = NoEnvState.of(env)
+    generate, append = host_turn_fns(model, TurnSpec.of(env), sampling)
+    ro, pool_v, m = _stage1(model, shape, pool, key, plan=plan, pad_id=pad_id)
+    phases = [run_turns_host(generate, append, env, ro)]
+    unplaced = jnp.zeros((), jnp.int32)
+    if plan.continuations:
+        cont, unplaced = _stage2(model, shape, phases[0], m, key, plan=plan, pad_id=pad_id)
+        phases.append(run_turns_host(generate, append, env, cont))
+    tree, stats = join_phases(phases, unplaced)
+    return tree, pool_v, stats
