@@ -30,7 +30,7 @@ def trained_policy_state():
     not near-uniform, next-token distributions (so small numerical errors show)."""
     from flax import nnx
 
-    from trace_jax.sft import _train_step, expert_data, make_optimizer
+    from trace_jax.sft import expert_data, make_optimizer, train_step
     from trace_jax.sharding import init_policy
 
     cfg = dataclasses.replace(SFTConfig(), world=TINY_WORLD, model=TINY_POLICY, steps=120, batch_size=16,
@@ -42,7 +42,7 @@ def trained_policy_state():
     rng = np.random.default_rng(0)
     for _ in range(cfg.steps):
         rows = rng.choice(len(tokens), cfg.batch_size, replace=False)
-        _train_step(model, optimizer, jnp.asarray(tokens[rows]), jnp.asarray(mask[rows]))
+        train_step(model, optimizer, jnp.asarray(tokens[rows]), jnp.asarray(mask[rows]))
     return nnx.split(model)
 
 

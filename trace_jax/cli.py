@@ -82,10 +82,65 @@ def _bench_contrast(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_retriever(args: argparse.Namespace) -> int:
+    from trace_jax.bench.retriever import run_retriever_bench
+
+    run_retriever_bench(args.passages, args.topk, args.batch, args.clients, args.seconds)
+    return 0
+
+
+def _bench_host(args: argparse.Namespace) -> int:
+    from trace_jax.bench.host import run_host_bench
+
+    run_host_bench(args.checkpoint, args.pool_size, args.roots, args.continuations, args.repeats)
+    return 0
+
+
 def _bench_solver(args: argparse.Namespace) -> int:
     from trace_jax.bench.solver import run_solver_bench
 
     run_solver_bench(args.pool_sizes, args.roots)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from trace_jax.config import TrainConfig, load_config
+    from trace_jax.train.search_qa import evaluate, setup
+
+    cfg = load_config(TrainConfig, args.config, args.overrides)
+    if cfg.env != "search_qa":
+        raise ValueError("trace-jax eval scores search QA policies (env: search_qa); HopWorld runs evaluate "
+                         "during `trace-jax train`")
+    _, questions, env = setup(cfg)
+    checkpoint = Path(args.checkpoint)
+    if (checkpoint / "config.json").is_file():
+        from trace_jax.models import from_pretrained
+
+        model = from_pretrained(checkpoint)
+    else:
+        from trace_jax.checkpoints import load_model
+
+        model = load_model(checkpoint)
+    scores, table = evaluate(model, env, questions, cfg, 0)
+    out = Path(args.out or checkpoint.parent / "eval")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "eval.json").write_text(json.dumps(scores, indent=1))
+    (out / "eval.md").write_text(table)
+    print(table)
+    print(f"eval: {out / 'eval.json'} and {out / 'eval.md'}")
+    return 0
+
+
+def _data_search_qa_tiny(args: argparse.Namespace) -> int:
+    from trace_jax.data.search_qa_tiny import write_tiny_search_qa
+
+    out = write_tiny_search_qa(args.out, sft_steps=args.sft_steps)
+    print(f"tiny search QA kit in {out}: corpus.jsonl, qa/ (nq, hotpotqa), policy/ (random Qwen3 + tokenizer).\n"
+          f"serve it: trace-jax retrieve serve --corpus {out / 'corpus.jsonl'} --port 8000\n"
+          "train on it: trace-jax train --config configs/searchqa_tiny.yaml")
     return 0
 
 
@@ -264,6 +319,30 @@ def build_parser() -> argparse.ArgumentParser:
     contrast.add_argument("--samples", type=_positive_int, default=9, help="episodes per test question (K)")
     contrast.add_argument("--group", type=_positive_int, default=8, help="group size G (< K)")
     contrast.set_defaults(func=_bench_contrast)
+    retr = bench.add_parser("retriever", help="queries/s of the BM25 /retrieve server on a synthetic corpus")
+    retr.add_argument("--passages", type=_positive_int, default=100_000)
+    retr.add_argument("--topk", type=_positive_int, default=3)
+    retr.add_argument("--batch", type=_positive_int, default=32, help="queries per request")
+    retr.add_argument("--clients", type=_positive_int, default=4, help="concurrent client threads")
+    retr.add_argument("--seconds", type=float, default=10.0, help="time per measurement")
+    retr.set_defaults(func=_bench_retriever)
+    host = bench.add_parser("host", help="the host path's overhead beyond its tool, against the jitted expansion")
+    host.add_argument("--checkpoint", default="runs/hopworld_sft/checkpoints",
+                      help="HopWorld policy checkpoint (random init of the same size if missing)")
+    host.add_argument("--pool-size", type=_positive_int, default=32)
+    host.add_argument("--roots", type=_positive_int, default=16)
+    host.add_argument("--continuations", type=int, default=2)
+    host.add_argument("--repeats", type=_positive_int, default=5)
+    host.set_defaults(func=_bench_host)
+
+    ev = sub.add_parser("eval", help="EM / F1 of a search QA policy per dataset, with both averages",
+                        description="One sampled episode per question of each search_qa.eval_datasets split (test, "
+                                    "or dev): EM, F1 and sub-EM per dataset, their plain mean and the mean weighted "
+                                    "by test size, as a Markdown table and JSON. Needs the retriever running.")
+    _add_config_args(ev)
+    ev.add_argument("--checkpoint", required=True, help="an HF policy directory (e.g. <run>/hf) or an orbax one")
+    ev.add_argument("--out", default=None, help="output folder (default: <checkpoint>/../eval)")
+    ev.set_defaults(func=_eval)
 
     retrieve = sub.add_parser("retrieve", help="the BM25 retrieval server (Search-R1's /retrieve protocol)"
                               ).add_subparsers(dest="retrieve_command", metavar="ACTION", required=True)
@@ -289,6 +368,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(build)
     build.add_argument("--data-dir", default=None, help="TFDS data dir (default: the config's data_dir)")
     build.set_defaults(func=_data_build)
+    tiny = data.add_parser("search-qa-tiny", help="write a tiny offline search QA kit (corpus, QA files, policy)")
+    tiny.add_argument("--out", default="artifacts/search_qa_tiny", help="output folder")
+    tiny.add_argument("--sft-steps", type=int, default=300,
+                      help="fine-tuning steps on scripted episodes (0: a random policy)")
+    tiny.set_defaults(func=_data_search_qa_tiny)
     show = data.add_parser("show", help="render an episode of a HopWorld question (expert, or a policy's)")
     show.add_argument("--question", type=int, default=11)
     show.add_argument("--world-seed", type=int, default=0)
@@ -306,9 +390,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    from trace_jax.retrieval.client import RetrieverError
+
     try:
         return args.func(args)
-    except (FileNotFoundError, ValueError, KeyError) as e:
+    except (FileNotFoundError, ValueError, KeyError, RetrieverError) as e:
         print(f"trace-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
 

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import yaml
 
 from trace_jax.envs.hopworld.config import HopWorldConfig
+from trace_jax.envs.search_qa.config import SearchQAConfig
 from trace_jax.models.config import ModelConfig
 
 T = TypeVar("T")
@@ -205,6 +206,7 @@ class SFTConfig:
 
 
 COST_MATCHING = ("tokens", "leaves", "none")
+ENVS = ("hopworld", "search_qa")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,8 +227,14 @@ class WarmupConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """RL on HopWorld with one allocator; `trace-jax train` with no arguments runs these defaults."""
+    """RL with one allocator; `trace-jax train` with no arguments runs these defaults (HopWorld).
 
+    env: "hopworld" (world, sft, init_checkpoint, warmup apply) or "search_qa" (search_qa applies: a local HF
+    Qwen3 policy searching a corpus through a retriever; no SFT or warm-up is run).
+    """
+
+    env: str = "hopworld"
+    search_qa: SearchQAConfig = SearchQAConfig()
     world: HopWorldConfig = HopWorldConfig()
     sft: SFTConfig = SFTConfig()  # how the base policy is built when init_checkpoint is missing
     mesh: MeshConfig = MeshConfig()
@@ -265,6 +273,8 @@ class TrainConfig:
 
         if self.allocator not in ALLOCATORS:
             raise ValueError(f"allocator={self.allocator!r} is not one of {sorted(ALLOCATORS)}")
+        if self.env not in ENVS:
+            raise ValueError(f"env={self.env!r} is not one of {list(ENVS)}")
         if ALLOCATORS.get(self.cost_reference, ("", "none"))[1] == "none":
             tree_allocators = sorted(k for k, (_, prefix) in ALLOCATORS.items() if prefix != "none")
             raise ValueError(f"cost_reference={self.cost_reference!r} must be a tree allocator: {tree_allocators}")

@@ -70,7 +70,7 @@ def sequence_loss(model: Policy, tokens: jax.Array, mask: jax.Array) -> jax.Arra
 
 
 @nnx.jit
-def _train_step(model: Policy, optimizer: nnx.Optimizer, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+def train_step(model: Policy, optimizer: nnx.Optimizer, tokens: jax.Array, mask: jax.Array) -> jax.Array:
     loss, grads = nnx.value_and_grad(sequence_loss)(model, tokens, mask)
     optimizer.update(model, grads)
     return loss
@@ -105,7 +105,7 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     for step in bar:
         rows = rng.choice(len(tokens), cfg.batch_size, replace=False)
         width = -(-int(lengths[rows].max()) // BUCKET) * BUCKET
-        loss = float(_train_step(model, optimizer, jnp.asarray(tokens[rows, :width]),
+        loss = float(train_step(model, optimizer, jnp.asarray(tokens[rows, :width]),
                                  jnp.asarray(mask[rows, :width])))
         bar.set_postfix(loss=f"{loss:.3f}")
         if step % cfg.log_every == 0 or step == cfg.steps:

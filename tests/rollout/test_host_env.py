@@ -9,11 +9,19 @@ import pytest
 
 from toy import TINY_POLICY, tiny_env, trained_policy
 from trace_jax.allocation import Allocator, Plan
-from trace_jax.envs.hopworld import protocol, reference
+from trace_jax.envs.hopworld import protocol
+from trace_jax.envs.hopworld.host import HopWorldHost
 from trace_jax.evaluate import question_pool
 from trace_jax.models.jit import jit_with_model
 from trace_jax.rollout import expand as ex
-from trace_jax.rollout.engine import SamplingConfig, TurnSpec, host_turn_fns, run_turns, run_turns_host
+from trace_jax.rollout.engine import (
+    SamplingConfig,
+    TurnSpec,
+    generate_turn,
+    host_turn_fns,
+    run_turns,
+    run_turns_host,
+)
 from trace_jax.rollout.host import expand_host
 from trace_jax.sharding import init_policy
 
@@ -80,34 +88,12 @@ def test_host_path_matches_the_in_trace_path():
     assert (generate.func.cache_size(), append.func.cache_size()) == compiled  # every turn reuses one compilation
 
 
-class HopWorldHost:
-    """HopWorld's plain-Python reference env behind the `HostEnv` interface."""
-
-    def __init__(self, env):
-        self.world, self.cfg = env.world, env.cfg
-        self.max_turns, self.action_len, self.obs_len = env.max_turns, env.action_len, env.obs_len
-        self.stop_ids = env.stop_ids
-        self.calls = []
-
-    def step(self, question, turn, live, action, action_len):
-        self.calls.append(int(live.sum()))
-        s = len(question)
-        obs, obs_len = np.zeros((s, self.obs_len), np.int32), np.zeros(s, np.int32)
-        reward, done = np.zeros(s, np.float32), np.zeros(s, bool)
-        for i in np.flatnonzero(live):
-            state = dataclasses.replace(reference.reset(self.world, int(question[i])), turn=int(turn[i]))
-            _, o, reward[i], done[i] = reference.step(self.world, self.cfg, state, action[i, : action_len[i]].tolist())
-            obs[i, : len(o)], obs_len[i] = o, len(o)
-        return obs, obs_len, reward, done
-
-
-@pytest.mark.parametrize("allocator", ["trace", "grpo"])
-def test_host_expansion_equals_the_jitted_expansion(allocator):
+def test_host_expansion_equals_the_jitted_expansion():
     """The whole tree (stage 1, forks mid-episode, stage 2) with the env on the host equals `expand` with the
     JAX env under the same key: same slots, tokens, readings and rewards."""
     model, env = trained_policy(), tiny_env()
     pool = question_pool(env, np.arange(6))
-    plan = Plan(Allocator(allocator, group_size=2), roots=8, continuations=2 if allocator == "trace" else 0)
+    plan = Plan(Allocator("trace", group_size=2), roots=8, continuations=2)
     key = jax.random.key(3)
     want, want_v, want_stats = ex.expand_tree(model, env, pool, key, plan=plan, sampling=SamplingConfig(0.7),
                                               pad_id=protocol.PAD)
@@ -120,6 +106,41 @@ def test_host_expansion_equals_the_jitted_expansion(allocator):
     assert {k: int(v) for k, v in want_stats.items() if k != "utilisation"} == \
         {k: int(v) for k, v in got_stats.items() if k != "utilisation"}
     assert np.asarray(got.reward).any() and not np.asarray(got.reward).all()  # outcomes are mixed: a real check
-    if allocator == "trace":
-        assert np.asarray(got.is_continuation).any()  # forks happened mid-episode
-    assert len(host.calls) <= 2 * env.max_turns and all(n > 0 for n in host.calls)  # one call per turn, live only
+    assert np.asarray(got.is_continuation).any()  # forks happened mid-episode
+    calls = host.live_per_call  # one call per turn and phase, with live slots only
+    assert len(calls) <= 2 * env.max_turns and all(n > 0 for n in calls)
+
+
+def _first_stop(action: np.ndarray, ids: tuple[int, ...], sequences: tuple[tuple[int, ...], ...]) -> int:
+    """Plain-Python reference: tokens in the turn up to and including the first stop (or all of them)."""
+    for k in range(len(action)):
+        if action[k] in ids or any(k + 1 >= len(q) and tuple(action[k + 1 - len(q): k + 1]) == q for q in sequences):
+            return k + 1
+    return len(action)
+
+
+def test_multi_token_stop_sequences_end_a_turn_where_the_sequence_completes():
+    """Tokens at position p use fold_in(slot key, p): with stops added, each slot generates the same tokens up to
+    the first completed stop sequence, then stops (the reference finds it in the unstopped turn)."""
+    model = init_policy(dataclasses.replace(TINY_POLICY, vocab_size=8), seed=1)  # 8 tokens: repeats are common
+    pool = ex.Pool(tokens=jnp.array([[3, 4, 5], [6, 7, 0]]), lengths=jnp.array([3, 2]), question=jnp.arange(2))
+    slots = jnp.array([0, 1, 0, 1, 0, 1, 0, 1], jnp.int32)
+    start = ex.start_roots(model, EchoEnv(), pool, ex.prefill_pool(model, pool), slots,
+                           jax.random.split(jax.random.key(5), 8), pad_id=0)
+    free = TurnSpec(action_len=12, obs_len=OBS, max_turns=T, stop_ids=())
+    _, action, action_len = jit_with_model(generate_turn, static_argnames=("spec", "sampling"))(
+        model, start, spec=free, sampling=SamplingConfig())
+    action = np.asarray(action)
+    assert (np.asarray(action_len) == 12).all()
+    ids, sequences = (7,), ((2, 3), (4, 4, 5))
+    stopped = dataclasses.replace(free, stop_ids=ids, stop_sequences=sequences)
+    _, got, got_len = jit_with_model(generate_turn, static_argnames=("spec", "sampling"))(
+        model, start, spec=stopped, sampling=SamplingConfig())
+    want_len = [_first_stop(row, ids, sequences) for row in action]
+    assert np.asarray(got_len).tolist() == want_len
+    assert len(set(want_len)) > 2 and min(want_len) < 12  # the stops really cut turns, at different places
+    for row, n, full in zip(np.asarray(got), want_len, action):
+        np.testing.assert_array_equal(row[:n], full[:n])
+        assert (row[n:] == 0).all()
+    with pytest.raises(ValueError, match="empty sequence"):
+        dataclasses.replace(free, stop_sequences=((),))

@@ -191,16 +191,16 @@ def test_equal_cost_budgets_for_prefix_free_allocators(run_dirs):
     graphdef = nnx.graphdef(shd.init_policy(TINY, seed=0))
     tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm)
     pool = pool_of(hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed).batch(0))
-    assert equal_cost_budget(dataclasses.replace(cfg, equal_cost="leaves"), graphdef, state, env,
-                             pool, tx) == (12, 0, 2)
-    roots, n, g = equal_cost_budget(cfg, graphdef, state, env, pool, tx)
+    probe = lambda spec: build_step(graphdef, tx, spec)(jax.tree.map(jnp.copy, state), env, pool,
+                                                        jax.random.key(cfg.seed + 1))[1]
+    assert equal_cost_budget(dataclasses.replace(cfg, equal_cost="leaves"), probe) == (12, 0, 2)
+    roots, n, g = equal_cost_budget(cfg, probe)
     # continuations start mid-episode: matching tokens costs fewer extra roots than matching leaves
     assert n == 0 and g == cfg.group_size and roots % g == 0 and cfg.roots <= roots <= 12
     tree_cfg = config(run_dirs, "allocator=trace", "roots=4", "continuations=2", "pool_size=8")
-    assert equal_cost_budget(tree_cfg, graphdef, state, env, pool, tx) == (4, 2, 2)
+    assert equal_cost_budget(tree_cfg, probe) == (4, 2, 2)
     # the matched-group control: G = the reference tree's leaves per opened prompt (same probe key)
-    _, probe = build_step(graphdef, tx, step_spec(tree_cfg, Budget(4, 2, 2)))(
-        jax.tree.map(jnp.copy, state), env, pool, jax.random.key(cfg.seed + 1))
-    roots, n, g = equal_cost_budget(dataclasses.replace(cfg, match_group_size=True), graphdef, state, env, pool, tx)
-    assert g == round(float(probe["leaves"]) / float(probe["prompts"])) and g != cfg.group_size
+    tree = probe(step_spec(tree_cfg, Budget(4, 2, 2)))
+    roots, n, g = equal_cost_budget(dataclasses.replace(cfg, match_group_size=True), probe)
+    assert g == round(float(tree["leaves"]) / float(tree["prompts"])) and g != cfg.group_size
     assert n == 0 and roots % g == 0

@@ -12,7 +12,7 @@ from trace_jax.checkpoints import save_model
 from trace_jax.compare.methods import check_fair, method_config, parse_methods
 from trace_jax.compare.plots import plot_comparison
 from trace_jax.compare.summary import markdown_table, summarize
-from trace_jax.config import CompareConfig, TrainConfig, WarmupConfig, to_dict
+from trace_jax.config import CompareConfig, TrainConfig, WarmupConfig, from_dict, to_dict
 from trace_jax.data.hopworld_tfds import build_dataset
 from trace_jax.envs.hopworld import build_world
 from trace_jax.envs.hopworld.env import HopWorldEnv
@@ -24,11 +24,12 @@ def run_dir(out_dir: str | Path, method: str, seed: int) -> Path:
 
 
 def finished(out_dir: Path, cfg: TrainConfig, done: str) -> bool:
-    """Whether out_dir holds `done` made under `cfg` (its config.yaml); raises if made under another config."""
+    """Whether out_dir holds `done` made under `cfg` (its config.yaml); raises if made under another config.
+    Keys the saved config lacks (added to TrainConfig since) count as their defaults."""
     if not (out_dir / done).exists():
         return False
-    saved = yaml.safe_load((out_dir / "config.yaml").read_text())
-    if saved != yaml.safe_load(yaml.safe_dump(to_dict(cfg))):
+    saved = from_dict(TrainConfig, yaml.safe_load((out_dir / "config.yaml").read_text()))
+    if saved != cfg:
         raise ValueError(f"{out_dir} holds a finished run of another configuration; pick a new out_dir for this "
                          "comparison or delete that folder")
     return True

@@ -18,7 +18,7 @@ class JaxEnv(Protocol):
     max_turns: int  # T: turns before an episode is cut off
     action_len: int  # A: policy tokens per turn at most
     obs_len: int  # O: observation tokens per turn at most
-    stop_ids: tuple[int, ...]  # token ids that end a policy turn
+    stop_ids: tuple[int, ...]  # token ids that end a policy turn (optional: stop_sequences, see HostEnv)
 
     def reset(self, question_id: jax.Array) -> Any:
         """Per-slot env state for question ids [S]."""
@@ -43,6 +43,7 @@ class HostEnv(Protocol):
     action_len: int
     obs_len: int
     stop_ids: tuple[int, ...]
+    stop_sequences: tuple[tuple[int, ...], ...]  # multi-token stops, e.g. the ids of `</search>`
 
     def step(self, question: np.ndarray, turn: np.ndarray, live: np.ndarray, action: np.ndarray,
              action_len: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -44,16 +44,26 @@ class SamplingConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TurnSpec:
-    """Static shape of a turn: policy tokens per turn, observation tokens, turns, stop tokens."""
+    """Static shape of a turn: policy tokens per turn, observation tokens, turns, stop tokens.
+
+    A turn ends after a token in `stop_ids`, or after the tokens of any of `stop_sequences` (for tags a
+    tokenizer splits into several tokens, such as `</search>`), or at action_len tokens.
+    """
 
     action_len: int
     obs_len: int
     max_turns: int
     stop_ids: tuple[int, ...]
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
+
+    def __post_init__(self) -> None:
+        if any(not seq for seq in self.stop_sequences):
+            raise ValueError("stop_sequences must not contain an empty sequence")
 
     @classmethod
-    def of(cls, env: JaxEnv) -> TurnSpec:
-        return cls(env.action_len, env.obs_len, env.max_turns, tuple(env.stop_ids))
+    def of(cls, env: JaxEnv | HostEnv) -> TurnSpec:
+        sequences = tuple(tuple(s) for s in getattr(env, "stop_sequences", ()))
+        return cls(env.action_len, env.obs_len, env.max_turns, tuple(env.stop_ids), sequences)
 
 
 @jax.tree_util.register_dataclass
@@ -91,15 +101,24 @@ def _rows_where(mask: jax.Array, new: Any, old: Any) -> Any:
 
 def generate_turn(model: Policy, ro: Rollout, *, spec: TurnSpec, sampling: SamplingConfig
                   ) -> tuple[Rollout, jax.Array, jax.Array]:
-    """Decode one turn for every live slot. Returns (rollout, action [S, A], action_len [S])."""
+    """Decode one turn for every live slot (until a stop, see `TurnSpec`). Returns (rollout, action [S, A],
+    action_len [S])."""
     s, stop_ids = ro.tree.num_slots, jnp.asarray(spec.stop_ids)
+    window = max((len(q) for q in spec.stop_sequences), default=1)
+
+    def stops(tok: jax.Array, recent: jax.Array) -> jax.Array:
+        """[S] whether this turn ends with tok, given its last `window` tokens recent [S, window]."""
+        stop = jnp.isin(tok, stop_ids)
+        for seq in spec.stop_sequences:
+            stop |= (recent[:, window - len(seq):] == jnp.asarray(seq, jnp.int32)).all(1)
+        return stop
 
     def cond(carry):
-        k, _, active, _, _ = carry
+        k, _, active, _, _, _ = carry
         return (k < spec.action_len) & active.any()
 
     def body(carry):
-        k, ro, active, action, action_len = carry
+        k, ro, active, action, action_len, recent = carry
         tree = ro.tree
         keys = jax.vmap(jax.random.fold_in)(ro.keys, tree.length)
         tok, logp = sample_tokens(ro.logits, keys, sampling.temperature, sampling.top_p)
@@ -117,11 +136,12 @@ def generate_turn(model: Policy, ro: Rollout, *, spec: TurnSpec, sampling: Sampl
         logits = jnp.where(active[:, None], out.logits[:, 0], ro.logits)
         ro = dataclasses.replace(ro, tree=tree, cache=out.cache, logits=logits, decode_steps=ro.decode_steps + 1,
                                  live_tokens=ro.live_tokens + active.sum(), fed_positions=fed)
-        return k + 1, ro, active & ~jnp.isin(tok, stop_ids), action, action_len + active
+        recent = jnp.concatenate([recent[:, 1:], tok[:, None]], axis=1)
+        return k + 1, ro, active & ~stops(tok, recent), action, action_len + active, recent
 
     init = (jnp.int32(0), ro, ~ro.tree.done, jnp.zeros((s, spec.action_len), jnp.int32),
-            jnp.zeros((s,), jnp.int32))
-    _, ro, _, action, action_len = jax.lax.while_loop(cond, body, init)
+            jnp.zeros((s,), jnp.int32), jnp.full((s, window), -1, jnp.int32))  # -1: no token yet this turn
+    _, ro, _, action, action_len, _ = jax.lax.while_loop(cond, body, init)
     return ro, action, action_len
 
 

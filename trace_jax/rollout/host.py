@@ -32,10 +32,12 @@ class NoEnvState:
     action_len: int = dataclasses.field(metadata=dict(static=True))
     obs_len: int = dataclasses.field(metadata=dict(static=True))
     stop_ids: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+    stop_sequences: tuple[tuple[int, ...], ...] = dataclasses.field(metadata=dict(static=True))
 
     @classmethod
     def of(cls, env: HostEnv) -> NoEnvState:
-        return cls(env.max_turns, env.action_len, env.obs_len, tuple(env.stop_ids))
+        spec = TurnSpec.of(env)
+        return cls(spec.max_turns, spec.action_len, spec.obs_len, spec.stop_ids, spec.stop_sequences)
 
     def reset(self, question: jax.Array) -> jax.Array:
         return jnp.zeros_like(question)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -68,12 +69,20 @@ class Budget(NamedTuple):
     group_size: int
 
 
-def step_spec(cfg: TrainConfig, budget: Budget) -> StepSpec:
+def step_spec(cfg: TrainConfig, budget: Budget, pad_id: int = protocol.PAD) -> StepSpec:
     allocator = Allocator(cfg.allocator, group_size=budget.group_size, max_per_anchor=cfg.max_per_anchor or None)
     return StepSpec(plan=Plan(allocator, roots=budget.roots, continuations=budget.continuations),
                     sampling=SamplingConfig(cfg.temperature, cfg.top_p), clip_eps=cfg.clip_eps,
-                    kl_coef=cfg.kl_coef, predictor_coef=cfg.predictor_coef, pad_id=protocol.PAD,
+                    kl_coef=cfg.kl_coef, predictor_coef=cfg.predictor_coef, pad_id=pad_id,
                     predictor_backbone_grad=cfg.predictor_backbone_grad)
+
+
+def initial_state(cfg: TrainConfig, params: nnx.State, tx) -> TrainState:
+    """The optimizer state and (with a KL term) the frozen reference, built under jit so every leaf lands on
+    the params' devices."""
+    return jax.jit(lambda p: TrainState(
+        params=p, opt_state=tx.init(p), ref_params=jax.tree.map(jnp.copy, p) if cfg.kl_coef > 0 else None,
+        step=jnp.zeros((), jnp.int32)))(params)
 
 
 def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv) -> dict[str, float]:
@@ -95,11 +104,12 @@ def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv) -> dict[str, floa
     return report
 
 
-def equal_cost_budget(cfg: TrainConfig, graphdef, state: TrainState, env: HopWorldEnv, pool: Pool, tx) -> Budget:
+def equal_cost_budget(cfg: TrainConfig, probe: Callable[[StepSpec], dict[str, jax.Array]]) -> Budget:
     """This run's budgets. Tree allocators use the configured (M, N). Prefix-free allocators (grpo, pcl)
     get N = 0 and a larger M so their cost matches a tree run's: the same number of leaves ("leaves"), or
-    the same generated tokens ("tokens") as one expansion of the `cost_reference` allocator from `state`
-    (continuations start mid-episode, so they are cheaper than roots). With `match_group_size`, their
+    the same generated tokens ("tokens") as one expansion of the `cost_reference` allocator by the starting
+    policy, whose metrics probe(spec) returns (continuations start mid-episode, so they are cheaper than
+    roots). With `match_group_size`, their
     group size G is that expansion's mean leaves per opened prompt (a larger group alone is more often
     mixed, so this control separates TRACE's choice of prompts from its group size)."""
     alloc = Allocator(cfg.allocator, group_size=cfg.group_size)
@@ -110,9 +120,7 @@ def equal_cost_budget(cfg: TrainConfig, graphdef, state: TrainState, env: HopWor
         return Budget(m, 0, g)
     if cfg.equal_cost == "leaves" and not cfg.match_group_size:
         return Budget(m * (1 + n), 0, g)
-    probe = dataclasses.replace(cfg, allocator=cfg.cost_reference)
-    _, metrics = build_step(graphdef, tx, step_spec(probe, Budget(m, n, g)))(
-        jax.tree.map(jnp.copy, state), env, pool, jax.random.key(cfg.seed + 1))
+    metrics = probe(step_spec(dataclasses.replace(cfg, allocator=cfg.cost_reference), Budget(m, n, g)))
     total, per_root = int(metrics["generated_tokens"]), int(metrics["root_generated_tokens"]) / m
     if cfg.match_group_size:
         g = min(max(1, round(float(metrics["leaves"]) / max(float(metrics["prompts"]), 1.0))), m * (1 + n))
@@ -146,6 +154,10 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
     resume: continue from the newest checkpoint; fails first thing if there is none, or if `cfg` differs from the
     config it was saved with beyond `checkpoint.RESUMABLE_CHANGES` (unless `allow_config_change`).
     """
+    if cfg.env == "search_qa":
+        from trace_jax.train.search_qa import train_search_qa
+
+        return train_search_qa(cfg, resume, allow_config_change)
     out = Path(cfg.out_dir)
     if resume:  # before any work or write: there is a run to continue, and it is this one
         checked, meta = newest_meta(out / "checkpoints")
@@ -163,9 +175,7 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
     graphdef, params = nnx.split(model)
     params = jax.device_put(params, shd.param_shardings(params, mesh))
     tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm, cfg.head_learning_rate)
-    state = jax.jit(lambda p: TrainState(  # built under jit: every leaf lands on the params' devices
-        params=p, opt_state=tx.init(p), ref_params=jax.tree.map(jnp.copy, p) if cfg.kl_coef > 0 else None,
-        step=jnp.zeros((), jnp.int32)))(params)
+    state = initial_state(cfg, params, tx)
     ckpts = RunCheckpoints(out / "checkpoints", cfg.keep_checkpoints)
     start = 0
     if resume:
@@ -175,7 +185,8 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
         budget = Budget(meta["roots"], meta["continuations"], meta["group_size"])
         print(f"train: resumed from step {start} ({ckpts.directory})")
     else:
-        budget = equal_cost_budget(cfg, graphdef, state, env, pool_of(loader.batch(0)), tx)
+        budget = equal_cost_budget(cfg, lambda spec: build_step(graphdef, tx, spec)(
+            jax.tree.map(jnp.copy, state), env, pool_of(loader.batch(0)), jax.random.key(cfg.seed + 1))[1])
     spec = step_spec(cfg, budget)
     step_fn = build_step(graphdef, tx, spec)
     key = jax.random.key(cfg.seed)

@@ -2,6 +2,8 @@
 
 allocate -> roll out the tree -> predictor targets and tree advantages -> clipped policy loss +
 predictor loss (+ optional KL) -> optax update, all in one `jax.jit` with the state donated.
+With a host environment the rollout runs outside (`rollout.host`) and the rest is one `jax.jit`
+(`build_update`), the same code.
 A non-finite loss or gradient skips the update (params and optimizer state unchanged) and is
 reported in the metrics.
 """
@@ -9,6 +11,7 @@ reported in the metrics.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -139,42 +142,55 @@ def allocation_counts(tree: Tree, num_pool: int, num_roots: int) -> dict[str, ja
                 1, mode="drop")}
 
 
+def update_from_tree(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: StepSpec, state: TrainState,
+                     tree: Tree, pool: Pool, pool_v: jax.Array, stats: dict[str, jax.Array]
+                     ) -> tuple[TrainState, dict[str, jax.Array]]:
+    """Targets, advantages, loss and the optax update from a finished expansion: (state, metrics)."""
+    temperature = spec.sampling.temperature
+    tree = jax.lax.stop_gradient(tree)
+    targets, weight = node_targets(tree)
+    adv = advantages(tree)
+    mask = tree.policy_mask[:, 1:]
+    ref_logp = None
+    if state.ref_params is not None:
+        ref_logits = nnx.merge(graphdef, state.ref_params)(tree.tokens).logits
+        ref_logp = next_token_logprobs(ref_logits, tree.tokens, temperature)
+
+    def loss_fn(params):
+        policy = nnx.merge(graphdef, params)
+        out = policy(tree.tokens)
+        logp = next_token_logprobs(out.logits, tree.tokens, temperature)
+        pg, aux = policy_loss(logp, tree.logprobs[:, 1:], mask, adv, spec.clip_eps, ref_logp, spec.kl_coef)
+        read = jnp.take_along_axis(out.hidden, tree.read_positions()[..., None], axis=1)  # [S, T+1, D]
+        pred = policy.success_from_hidden(read if spec.predictor_backbone_grad else jax.lax.stop_gradient(read))
+        pred_loss = predictor_loss(pred, targets, weight)
+        aux = dict(aux, policy_loss=pg, predictor_loss=pred_loss,
+                   entropy=entropy(policy_logprobs(out.logits[:, :-1], temperature), mask))
+        return pg + spec.predictor_coef * pred_loss, aux
+
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    new_state, skipped = apply_update(tx, state, grads, loss)
+    calib = calibration_report(jnp.clip(tree.success, 0.0, 1.0), targets, weight)
+    metrics = dict(rollout_metrics(tree, pool, stats), **aux, **calib, **predictor_report(tree), loss=loss,
+                   skipped=skipped, grad_norm=optax.tree.norm(grads), pool_v=pool_v.mean(), pool_v_std=pool_v.std(),
+                   pool_v_values=pool_v, **allocation_counts(tree, pool.lengths.shape[0], spec.plan.roots),
+                   adv_abs=jnp.sum(jnp.abs(adv) * tree.used) / jnp.maximum(tree.used.sum(), 1))
+    return new_state, metrics
+
+
 def build_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: StepSpec):
     """The jitted step: (state, env, pool, key) -> (state, metrics). Compiles once per shapes."""
-    temperature = spec.sampling.temperature
 
     def step(state: TrainState, env: JaxEnv, pool: Pool, key: jax.Array):
         model = nnx.merge(graphdef, state.params)
         tree, pool_v, stats = expand(model, env, pool, key, plan=spec.plan, sampling=spec.sampling,
                                      pad_id=spec.pad_id)
-        tree = jax.lax.stop_gradient(tree)
-        targets, weight = node_targets(tree)
-        adv = advantages(tree)
-        mask = tree.policy_mask[:, 1:]
-        ref_logp = None
-        if state.ref_params is not None:
-            ref_logits = nnx.merge(graphdef, state.ref_params)(tree.tokens).logits
-            ref_logp = next_token_logprobs(ref_logits, tree.tokens, temperature)
-
-        def loss_fn(params):
-            policy = nnx.merge(graphdef, params)
-            out = policy(tree.tokens)
-            logp = next_token_logprobs(out.logits, tree.tokens, temperature)
-            pg, aux = policy_loss(logp, tree.logprobs[:, 1:], mask, adv, spec.clip_eps, ref_logp, spec.kl_coef)
-            read = jnp.take_along_axis(out.hidden, tree.read_positions()[..., None], axis=1)  # [S, T+1, D]
-            pred = policy.success_from_hidden(read if spec.predictor_backbone_grad else jax.lax.stop_gradient(read))
-            pred_loss = predictor_loss(pred, targets, weight)
-            aux = dict(aux, policy_loss=pg, predictor_loss=pred_loss,
-                       entropy=entropy(policy_logprobs(out.logits[:, :-1], temperature), mask))
-            return pg + spec.predictor_coef * pred_loss, aux
-
-        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-        new_state, skipped = apply_update(tx, state, grads, loss)
-        calib = calibration_report(jnp.clip(tree.success, 0.0, 1.0), targets, weight)
-        metrics = dict(rollout_metrics(tree, pool, stats), **aux, **calib, **predictor_report(tree), loss=loss,
-                       skipped=skipped, grad_norm=optax.tree.norm(grads), pool_v=pool_v.mean(), pool_v_std=pool_v.std(),
-                       pool_v_values=pool_v, **allocation_counts(tree, pool.lengths.shape[0], spec.plan.roots),
-                       adv_abs=jnp.sum(jnp.abs(adv) * tree.used) / jnp.maximum(tree.used.sum(), 1))
-        return new_state, metrics
+        return update_from_tree(graphdef, tx, spec, state, tree, pool, pool_v, stats)
 
     return jax.jit(step, donate_argnums=0)
+
+
+def build_update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: StepSpec):
+    """The update alone, jitted, for trees rolled out with a host environment (`rollout.host.expand_host`):
+    (state, tree, pool, pool_v, stats) -> (state, metrics). Compiles once per shapes."""
+    return jax.jit(functools.partial(update_from_tree, graphdef, tx, spec), donate_argnums=0)

@@ -1,0 +1,64 @@
+"""Search QA end to end on CPU through the real HTTP retriever on loopback: a TRACE step, evaluation,
+the HF export, and a retriever that dies mid-run."""
+
+import json
+
+import numpy as np
+import pytest
+
+from trace_jax.cli import main
+from trace_jax.metrics import read_metrics
+
+
+def args(kit, tmp_path, url, *extra):
+    return ["--config", "configs/searchqa_tiny.yaml", f"search_qa.policy_dir={kit / 'policy'}",
+            f"search_qa.qa_dir={kit / 'qa'}", f"search_qa.retriever.url={url}", f"out_dir={tmp_path / 'run'}",
+            f"data_dir={tmp_path / 'tfds'}", "search_qa.eval_questions=4", "pool_size=4", "roots=4",
+            "group_size=2", *extra]
+
+
+def test_a_trace_step_evaluation_and_export(kit, serve, tmp_path):
+    torch = pytest.importorskip("torch")
+    from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+    from trace_jax.models import from_pretrained
+
+    url, searcher = serve()
+    assert main(["train", *args(kit, tmp_path, url, "steps=1", "eval_every=1")]) == 0
+    run = tmp_path / "run"
+    first, last = read_metrics(run)
+    assert last["step"] == 1 and last["generated_tokens"] > 0 and last["continuations"] > 0 and not last["skipped"]
+    assert {"eval/nq/em", "eval/hotpotqa/f1", "eval/average/em", "eval/weighted/sub_em"} <= set(first)
+    assert searcher.queries > 0  # the policy searched, through HTTP
+    assert (run / "checkpoints" / "1").is_dir()
+
+    # the export loads in transformers and computes what our model computes
+    hf = Qwen3ForCausalLM.from_pretrained(run / "hf").eval()
+    ids = np.array([AutoTokenizer.from_pretrained(run / "hf").encode("<search> where was it </search>")])
+    with torch.no_grad():
+        want = hf(torch.tensor(ids)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(from_pretrained(run / "hf")(ids).logits), want, atol=1e-4, rtol=1e-4)
+    before = from_pretrained(kit / "policy")(ids).logits
+    assert np.abs(np.asarray(before) - want).max() > 1e-6  # the step changed the policy
+
+    assert main(["eval", *args(kit, tmp_path, url), "--checkpoint", str(run / "hf")]) == 0
+    scores = json.loads((run / "eval" / "eval.json").read_text())
+    assert set(scores) == {f"eval/{d}/{m}" for d in ("nq", "hotpotqa", "average", "weighted")
+                           for m in ("em", "f1", "sub_em")}
+    assert "| weighted | 8 |" in (run / "eval" / "eval.md").read_text()
+
+
+def test_a_dead_retriever_stops_the_run_with_its_url_and_the_last_checkpoint_intact(kit, serve, tmp_path, capsys):
+    run = tmp_path / "run"
+    url, searcher = serve(fail_when=lambda: (run / "checkpoints" / "1").is_dir())  # dies after step 1 is saved
+    extra = ("steps=2", "eval_every=2", "checkpoint_every=1", "search_qa.retriever.retries=1",
+             "search_qa.retriever.timeout_s=1", "search_qa.retriever.backoff_s=0.01")
+    assert main(["train", *args(kit, tmp_path, url, *extra)]) == 2
+    err = capsys.readouterr().err
+    assert f"retriever at {url} failed 2 times" in err and "trace-jax retrieve serve" in err
+    assert [r["step"] for r in read_metrics(run)] == [0, 1]
+    # the checkpoint of step 1 is whole: with a live retriever the run resumes from it
+    url2, _ = serve()
+    assert main(["train", *args(kit, tmp_path, url2, *extra[:3]), "--resume", "--allow-config-change"]) == 0
+    assert [r["step"] for r in read_metrics(run)] == [0, 1, 2]
+    assert "resumed from step 1" in capsys.readouterr().out

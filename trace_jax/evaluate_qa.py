@@ -1,0 +1,61 @@
+"""Search QA evaluation: one sampled episode per question, EM / F1 / sub-EM per dataset, and the two
+averages papers report (plain mean over datasets, and weighted by test size)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tqdm.auto import tqdm
+
+from trace_jax.allocation import one_episode_per_prompt
+from trace_jax.data.search_qa_prompts import QuestionSet
+from trace_jax.envs.search_qa.answers import score
+from trace_jax.envs.search_qa.env import SearchQAEnv
+from trace_jax.models.qwen3 import Policy
+from trace_jax.rollout.engine import SamplingConfig
+from trace_jax.rollout.expand import Pool
+from trace_jax.rollout.host import expand_host
+from trace_jax.rollout.tree import Tree
+
+METRICS = ("em", "f1", "sub_em")
+
+
+def responses(tree: Tree, tokenizer) -> list[str]:
+    """The policy's own tokens of each slot (observations left out), decoded: what the answer is read from."""
+    tokens, mask = np.asarray(tree.tokens), np.asarray(tree.policy_mask)
+    return tokenizer.batch_decode([t[m].tolist() for t, m in zip(tokens, mask)], skip_special_tokens=True)
+
+
+def evaluate_set(model: Policy, env: SearchQAEnv, questions: QuestionSet, batch: int, key: jax.Array,
+                 sampling: SamplingConfig, pad_id: int) -> dict[str, float]:
+    """Mean EM, F1 and sub-EM over the set, one episode per question, in fixed-size batches (one compilation)."""
+    totals = dict.fromkeys(METRICS, 0.0)
+    plan = one_episode_per_prompt(batch)
+    n = len(questions.ids)
+    for i, lo in enumerate(tqdm(range(0, n, batch), desc="eval", leave=False)):
+        rows = np.minimum(np.arange(lo, lo + batch), n - 1)  # the last batch repeats its last row; ignored
+        pool = Pool(tokens=jnp.asarray(questions.tokens[rows]), lengths=jnp.asarray(questions.lengths[rows]),
+                    question=jnp.asarray(questions.ids[rows]))
+        tree, _, _ = expand_host(model, env, pool, jax.random.fold_in(key, i), plan=plan, sampling=sampling,
+                                 pad_id=pad_id)
+        texts = responses(jax.device_get(tree), env.tokenizer)
+        for slot in range(min(batch, n - lo)):  # slot s of this plan plays pool prompt s
+            for k, v in score(texts[slot], env.golds[int(questions.ids[lo + slot])]).items():
+                totals[k] += v
+    return {k: v / max(n, 1) for k, v in totals.items()}
+
+
+def averages(per_dataset: dict[str, dict[str, float]], sizes: dict[str, int]) -> dict[str, dict[str, float]]:
+    """{"average": plain mean over datasets, "weighted": mean weighted by each dataset's question count}."""
+    total = max(sum(sizes.values()), 1)
+    return {"average": {m: float(np.mean([r[m] for r in per_dataset.values()])) for m in METRICS},
+            "weighted": {m: sum(r[m] * sizes[d] for d, r in per_dataset.items()) / total for m in METRICS}}
+
+
+def markdown(per_dataset: dict[str, dict[str, float]], sizes: dict[str, int]) -> str:
+    rows = ["| dataset | questions | EM | F1 | sub-EM |", "|---|---|---|---|---|"]
+    for d, r in {**per_dataset, **averages(per_dataset, sizes)}.items():
+        n = sizes.get(d, sum(sizes.values()))
+        rows.append(f"| {d} | {n} | " + " | ".join(f"{100 * r[m]:.1f}" for m in METRICS) + " |")
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,167 @@
+"""RL on search QA: a local HF Qwen3 policy searches a corpus through a retriever (Search-R1 protocol).
+
+Each step: a pool of training questions, the tree rolled out through the host path (`rollout.host`:
+stage 1, the turns with one retriever call per turn, stage 2), then targets, advantages, loss and the
+optax update as one compiled function (`train.step.build_update`). Evaluation reports EM / F1 / sub-EM
+per dataset. At the end the policy is exported as an HF checkpoint with its tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import yaml
+from flax import nnx
+from tqdm.auto import tqdm
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from trace_jax import sharding as shd
+from trace_jax.config import TrainConfig, to_dict
+from trace_jax.data.search_qa_prompts import Questions, load_questions
+from trace_jax.envs.search_qa.env import SearchQAEnv
+from trace_jax.evaluate_qa import averages, evaluate_set, markdown
+from trace_jax.metrics import MetricsLogger, plot_metrics, read_metrics, rewind_jsonl
+from trace_jax.models import from_pretrained, save_pretrained
+from trace_jax.models.qwen3 import Policy
+from trace_jax.retrieval.client import RetrieverClient
+from trace_jax.rollout.engine import SamplingConfig
+from trace_jax.rollout.expand import Pool
+from trace_jax.rollout.host import expand_host
+from trace_jax.train.checkpoint import RunCheckpoints, abstract_state, check_resume_config, newest_meta
+from trace_jax.train.loop import ALLOCATION_FILE, ARRAY_METRICS, Budget, equal_cost_budget, initial_state, step_spec
+from trace_jax.train.step import build_update, make_optimizer, rollout_metrics
+
+PLOT_KEYS = ("reward", "effective_ratio", "eval/average/em", "eval/average/f1", "predictor_loss", "root_auc",
+             "generated_tokens", "tool_calls", "entropy", "utilisation")
+
+
+def load_tokenizer(policy_dir: str | Path) -> PreTrainedTokenizerBase:
+    path = Path(policy_dir)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"search_qa.policy_dir={path} holds no HF checkpoint (config.json); point it at a "
+                                "local Qwen3 directory, or write the tiny one with `trace-jax data search-qa-tiny`")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        raise ValueError(f"the tokenizer in {path} has no pad token; set pad_token in its tokenizer_config.json")
+    return tokenizer
+
+
+def setup(cfg: TrainConfig) -> tuple[PreTrainedTokenizerBase, Questions, SearchQAEnv]:
+    sq = cfg.search_qa
+    tokenizer = load_tokenizer(sq.policy_dir)
+    questions = load_questions(sq, cfg.data_dir, tokenizer, tokenizer.pad_token_id)
+    if questions.skipped:
+        print(f"search_qa: skipped {questions.skipped} questions longer than prompt_len={sq.prompt_len} tokens")
+    env = SearchQAEnv(tokenizer, questions.golds, RetrieverClient(sq.retriever).retrieve, sq)
+    return tokenizer, questions, env
+
+
+def pool_at(cfg: TrainConfig, questions: Questions, step: int) -> Pool:
+    """Step `step`'s pool: pool_size training questions drawn from (seed, step) alone, so a resumed run
+    sees the same pools."""
+    train = questions.train
+    rows = np.random.default_rng([cfg.seed, step]).choice(len(train.ids), cfg.pool_size,
+                                                          replace=len(train.ids) < cfg.pool_size)
+    return Pool(tokens=jnp.asarray(train.tokens[rows]), lengths=jnp.asarray(train.lengths[rows]),
+                question=jnp.asarray(train.ids[rows]))
+
+
+def evaluate(model: Policy, env: SearchQAEnv, questions: Questions, cfg: TrainConfig, step: int
+             ) -> tuple[dict[str, float], str]:
+    """(eval/<dataset>/<metric> and eval/{average,weighted}/<metric>, the Markdown table)."""
+    sampling = SamplingConfig(cfg.temperature, cfg.top_p)
+    key = jax.random.fold_in(jax.random.key(cfg.seed + 7), step)
+    per = {d: evaluate_set(model, env, qs, cfg.eval_batch, jax.random.fold_in(key, i), sampling,
+                           env.tokenizer.pad_token_id)
+           for i, (d, qs) in enumerate(questions.evals.items())}
+    sizes = {d: len(qs.ids) for d, qs in questions.evals.items()}
+    rows = {**per, **averages(per, sizes)}
+    return {f"eval/{d}/{m}": v for d, r in rows.items() for m, v in r.items()}, markdown(per, sizes)
+
+
+def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = False) -> dict[str, float]:
+    out = Path(cfg.out_dir)
+    if resume:
+        checked, meta = newest_meta(out / "checkpoints")
+        check_resume_config(cfg, checked, meta["config"], allow_config_change)
+    tokenizer, questions, env = setup(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    mesh = shd.make_mesh(cfg.mesh)
+    model = from_pretrained(cfg.search_qa.policy_dir, mesh=mesh)
+    graphdef, params = nnx.split(model)
+    tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm, cfg.head_learning_rate)
+    state = initial_state(cfg, params, tx)
+    pad_id = tokenizer.pad_token_id
+    sampling = SamplingConfig(cfg.temperature, cfg.top_p)
+    ckpts = RunCheckpoints(out / "checkpoints", cfg.keep_checkpoints)
+    start = 0
+    if resume:
+        start, state, meta = ckpts.restore_latest(abstract_state(state))
+        if start != checked:
+            check_resume_config(cfg, start, meta["config"], allow_config_change)
+        budget = Budget(meta["roots"], meta["continuations"], meta["group_size"])
+        print(f"train: resumed from step {start} ({ckpts.directory})")
+    else:
+        def probe(spec):
+            pool = pool_at(cfg, questions, 0)
+            tree, pool_v, stats = expand_host(model, env, pool, jax.random.key(cfg.seed + 1), plan=spec.plan,
+                                              sampling=sampling, pad_id=pad_id)
+            return jax.device_get(rollout_metrics(tree, pool, stats))
+
+        budget = equal_cost_budget(cfg, probe)
+    spec = step_spec(cfg, budget, pad_id)
+    update = build_update(graphdef, tx, spec)
+    key = jax.random.key(cfg.seed)
+    print(f"train: search_qa, {cfg.allocator}, pool B={cfg.pool_size}, roots M={budget.roots}, continuations "
+          f"N={budget.continuations}, group G={budget.group_size}, {len(questions.train.ids)} training questions, "
+          f"retriever {cfg.search_qa.retriever.url}, mesh {dict(mesh.shape)}")
+    rewind_jsonl(out / ALLOCATION_FILE, start if resume else -1)
+    last: dict[str, float] = {}
+
+    def log_eval(step: int, metrics: dict[str, float]) -> None:
+        scores, table = evaluate(nnx.merge(graphdef, state.params), env, questions, cfg, step)
+        metrics.update(scores)
+        (out / "eval.md").write_text(f"Step {step}: one sampled episode per question (%).\n\n{table}")
+        tqdm.write(f"train: step {step} evaluation\n{table}")
+
+    with MetricsLogger(out, resume_from_step=start if resume else None) as log:
+        if start == 0:
+            first: dict[str, float] = {}
+            log_eval(0, first)
+            log.log(0, first)
+        bar = tqdm(range(start + 1, cfg.steps + 1), desc=f"train {cfg.allocator}", initial=start, total=cfg.steps)
+        for step in bar:
+            t0 = time.perf_counter()
+            pool = pool_at(cfg, questions, step)
+            tree, pool_v, stats = expand_host(nnx.merge(graphdef, state.params), env, pool,
+                                              jax.random.fold_in(key, step), plan=spec.plan, sampling=sampling,
+                                              pad_id=pad_id)
+            rollout_s = time.perf_counter() - t0
+            state, metrics = update(state, tree, pool, pool_v, stats)
+            metrics = jax.device_get(metrics)
+            spent = {k: metrics.pop(k).tolist() for k in ARRAY_METRICS}
+            with (out / ALLOCATION_FILE).open("a") as f:
+                f.write(json.dumps({"step": step, **spent}) + "\n")
+            log.histogram(step, "pool_v", spent["pool_v_values"])
+            last = {k: float(v) for k, v in metrics.items()}
+            last["step_seconds"], last["rollout_seconds"] = time.perf_counter() - t0, rollout_s
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                log_eval(step, last)
+            log.log(step, last)
+            bar.set_postfix(reward=f"{last['reward']:.2f}", eff=f"{last['effective_ratio']:.2f}")
+            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+                ckpts.save(step, state, {"step": step, **budget._asdict(), "config": to_dict(cfg)})
+    ckpts.close()
+    hf_dir = out / "hf"  # loads in transformers (Qwen3ForCausalLM) and back here with from_pretrained
+    save_pretrained(nnx.merge(graphdef, state.params), hf_dir)
+    tokenizer.save_pretrained(hf_dir)
+    logged = {k for row in read_metrics(out) for k in row}
+    plot = plot_metrics(out, keys=[k for k in PLOT_KEYS if k in logged])
+    print(f"train: metrics {out / 'metrics.jsonl'}, plot {plot}, checkpoints {ckpts.directory}, HF policy {hf_dir}")
+    return last
