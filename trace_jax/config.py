@@ -229,8 +229,8 @@ class WarmupConfig:
 class TrainConfig:
     """RL with one allocator; `trace-jax train` with no arguments runs these defaults (HopWorld).
 
-    env: "hopworld" (world, sft, init_checkpoint, warmup apply) or "search_qa" (search_qa applies: a local HF
-    Qwen3 policy searching a corpus through a retriever; no SFT or warm-up is run).
+    env: "hopworld" (world, sft and init_checkpoint apply) or "search_qa" (search_qa applies: a local HF Qwen3
+    policy searching a corpus through a retriever, trained from that checkpoint; no SFT is run).
     """
 
     env: str = "hopworld"

@@ -14,7 +14,7 @@ def args(kit, tmp_path, url, *extra):
     return ["--config", "configs/searchqa_tiny.yaml", f"search_qa.policy_dir={kit / 'policy'}",
             f"search_qa.qa_dir={kit / 'qa'}", f"search_qa.retriever.url={url}", f"out_dir={tmp_path / 'run'}",
             f"data_dir={tmp_path / 'tfds'}", "search_qa.eval_questions=4", "pool_size=4", "roots=4",
-            "group_size=2", *extra]
+            "group_size=2", "warmup.batches=1", *extra]
 
 
 def test_a_trace_step_evaluation_and_export(kit, serve, tmp_path):
@@ -29,6 +29,7 @@ def test_a_trace_step_evaluation_and_export(kit, serve, tmp_path):
     first, last = read_metrics(run)
     assert last["step"] == 1 and last["generated_tokens"] > 0 and last["continuations"] > 0 and not last["skipped"]
     assert {"eval/nq/em", "eval/hotpotqa/f1", "eval/average/em", "eval/weighted/sub_em"} <= set(first)
+    assert first["warmup/train_nodes"] > 0  # the predictor warm-up ran through the host path
     assert searcher.queries > 0  # the policy searched, through HTTP
     assert (run / "checkpoints" / "1").is_dir()
 
@@ -38,8 +39,9 @@ def test_a_trace_step_evaluation_and_export(kit, serve, tmp_path):
     with torch.no_grad():
         want = hf(torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(np.asarray(from_pretrained(run / "hf")(ids).logits), want, atol=1e-4, rtol=1e-4)
-    before = from_pretrained(kit / "policy")(ids).logits
-    assert np.abs(np.asarray(before) - want).max() > 1e-6  # the step changed the policy
+    before = from_pretrained(kit / "policy")(ids)
+    assert np.abs(np.asarray(before.logits) - want).max() > 1e-6  # the step changed the policy
+    assert np.abs(np.asarray(from_pretrained(run / "hf")(ids).success - before.success)).max() > 1e-3  # and the head
 
     assert main(["eval", *args(kit, tmp_path, url), "--checkpoint", str(run / "hf")]) == 0
     scores = json.loads((run / "eval" / "eval.json").read_text())

@@ -22,13 +22,14 @@ from trace_jax.checkpoints import load_model, save_model
 from trace_jax.config import TrainConfig, to_dict
 from trace_jax.data.hopworld_tfds import build_dataset
 from trace_jax.data.loader import hopworld_loader
+from trace_jax.envs.base import HostEnv
 from trace_jax.envs.hopworld import build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.evaluate import predictor_quality, reliability, rollout_questions, success_by_hops
 from trace_jax.metrics import MetricsLogger, plot_metrics, plot_reliability, read_metrics, rewind_jsonl
 from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import SamplingConfig
-from trace_jax.rollout.expand import Pool
+from trace_jax.rollout.expand import Pool, expand_tree
 from trace_jax.sft import run_sft, split_questions
 from trace_jax.train.checkpoint import RunCheckpoints, abstract_state, check_resume_config, newest_meta
 from trace_jax.train.step import StepSpec, TrainState, build_step, make_optimizer
@@ -85,17 +86,22 @@ def initial_state(cfg: TrainConfig, params: nnx.State, tx) -> TrainState:
         step=jnp.zeros((), jnp.int32)))(params)
 
 
-def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv) -> dict[str, float]:
-    """Fits the success head of `model` (in place) on uniform trees of the base policy; {} if disabled."""
+def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv | HostEnv, pools: Callable[[int], Pool] | None = None,
+            pad_id: int = protocol.PAD, expand: Callable = expand_tree) -> dict[str, float]:
+    """Fits the success head of `model` (in place) on uniform trees of the base policy; {} if disabled.
+    pools(i): the i-th warm-up pool (default: HopWorld's training loader on its own stream); expand: as in
+    `warm_up_predictor`."""
     w = cfg.warmup
     if w.batches == 0:
         return {}
-    loader = hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed + 1)
+    if pools is None:
+        loader = hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed + 1)
+        pools = lambda i: pool_of(loader.batch(i))
     spec = WarmupSpec(batches=w.batches, group_size=w.group_size, roots=cfg.roots, continuations=cfg.continuations,
                       fit_steps=w.fit_steps, learning_rate=w.learning_rate,
-                      sampling=SamplingConfig(cfg.temperature, cfg.top_p), pad_id=protocol.PAD)
+                      sampling=SamplingConfig(cfg.temperature, cfg.top_p), pad_id=pad_id)
     t0 = time.perf_counter()
-    _, report = warm_up_predictor(model, env, lambda i: pool_of(loader.batch(i)), jax.random.key(cfg.seed + 3), spec)
+    _, report = warm_up_predictor(model, env, pools, jax.random.key(cfg.seed + 3), spec, expand)
     print(f"train: predictor warm-up on {w.batches} uniform-tree pools ({time.perf_counter() - t0:.0f} s), held out: "
           f"root AUC {report['warmup/before/root_auc']:.3f} -> {report['warmup/root_auc']:.3f}, prefix AUC "
           f"{report['warmup/before/prefix_auc']:.3f} -> {report['warmup/prefix_auc']:.3f}, root ECE "

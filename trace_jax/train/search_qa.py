@@ -33,7 +33,15 @@ from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
 from trace_jax.rollout.host import expand_host
 from trace_jax.train.checkpoint import RunCheckpoints, abstract_state, check_resume_config, newest_meta
-from trace_jax.train.loop import ALLOCATION_FILE, ARRAY_METRICS, Budget, equal_cost_budget, initial_state, step_spec
+from trace_jax.train.loop import (
+    ALLOCATION_FILE,
+    ARRAY_METRICS,
+    Budget,
+    equal_cost_budget,
+    initial_state,
+    step_spec,
+    warm_up,
+)
 from trace_jax.train.step import build_update, make_optimizer, rollout_metrics
 
 PLOT_KEYS = ("reward", "effective_ratio", "eval/average/em", "eval/average/f1", "predictor_loss", "root_auc",
@@ -61,12 +69,12 @@ def setup(cfg: TrainConfig) -> tuple[PreTrainedTokenizerBase, Questions, SearchQ
     return tokenizer, questions, env
 
 
-def pool_at(cfg: TrainConfig, questions: Questions, step: int) -> Pool:
-    """Step `step`'s pool: pool_size training questions drawn from (seed, step) alone, so a resumed run
-    sees the same pools."""
+def pool_at(cfg: TrainConfig, questions: Questions, step: int, stream: int = 0) -> Pool:
+    """Step `step`'s pool: pool_size training questions drawn from (seed, stream, step) alone, so a resumed run
+    sees the same pools (stream 1: the predictor warm-up's)."""
     train = questions.train
-    rows = np.random.default_rng([cfg.seed, step]).choice(len(train.ids), cfg.pool_size,
-                                                          replace=len(train.ids) < cfg.pool_size)
+    rows = np.random.default_rng([cfg.seed, stream, step]).choice(len(train.ids), cfg.pool_size,
+                                                                  replace=len(train.ids) < cfg.pool_size)
     return Pool(tokens=jnp.asarray(train.tokens[rows]), lengths=jnp.asarray(train.lengths[rows]),
                 question=jnp.asarray(train.ids[rows]))
 
@@ -94,10 +102,12 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
     (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     mesh = shd.make_mesh(cfg.mesh)
     model = from_pretrained(cfg.search_qa.policy_dir, mesh=mesh)
+    pad_id = tokenizer.pad_token_id
+    warmup = {} if resume else warm_up(cfg, model, env, lambda i: pool_at(cfg, questions, i, stream=1), pad_id,
+                                       expand_host)  # a resumed state already holds the warmed-up head
     graphdef, params = nnx.split(model)
     tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm, cfg.head_learning_rate)
     state = initial_state(cfg, params, tx)
-    pad_id = tokenizer.pad_token_id
     sampling = SamplingConfig(cfg.temperature, cfg.top_p)
     ckpts = RunCheckpoints(out / "checkpoints", cfg.keep_checkpoints)
     start = 0
@@ -132,7 +142,7 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
 
     with MetricsLogger(out, resume_from_step=start if resume else None) as log:
         if start == 0:
-            first: dict[str, float] = {}
+            first = dict(warmup)
             log_eval(0, first)
             log.log(0, first)
         bar = tqdm(range(start + 1, cfg.steps + 1), desc=f"train {cfg.allocator}", initial=start, total=cfg.steps)

@@ -20,7 +20,7 @@ from flax import nnx
 from tqdm.auto import tqdm
 
 from trace_jax.allocation import Allocator, Plan
-from trace_jax.envs.base import JaxEnv
+from trace_jax.envs.base import HostEnv, JaxEnv
 from trace_jax.models.qwen3 import Policy
 from trace_jax.objectives import auc, calibration, node_targets
 from trace_jax.rollout.engine import SamplingConfig
@@ -118,9 +118,10 @@ class WarmupSpec:
     pad_id: int
 
 
-def warm_up_predictor(model: Policy, env: JaxEnv, pools: Callable[[int], Pool], key: jax.Array,
-                      spec: WarmupSpec) -> tuple[Policy, dict[str, float]]:
-    """(model with a fitted success head, report). `pools(i)` is the i-th pool of prompts to roll out.
+def warm_up_predictor(model: Policy, env: JaxEnv | HostEnv, pools: Callable[[int], Pool], key: jax.Array,
+                      spec: WarmupSpec, expand: Callable = expand_tree) -> tuple[Policy, dict[str, float]]:
+    """(model with a fitted success head, report). `pools(i)` is the i-th pool of prompts to roll out, by
+    `expand`: `expand_tree` for a JAX env, `rollout.host.expand_host` for a host env.
 
     The report holds the held-out quality before ("warmup/before/...") and after ("warmup/...") the fit, plus
     the std of V~ over held-out prompt nodes.
@@ -129,8 +130,8 @@ def warm_up_predictor(model: Policy, env: JaxEnv, pools: Callable[[int], Pool], 
                 continuations=spec.continuations)
     parts = []
     for i in tqdm(range(spec.batches), desc="predictor warm-up", leave=False):
-        tree, _, _ = expand_tree(model, env, pools(i), jax.random.fold_in(key, i), plan=plan,
-                                 sampling=spec.sampling, pad_id=spec.pad_id)
+        tree, _, _ = expand(model, env, pools(i), jax.random.fold_in(key, i), plan=plan, sampling=spec.sampling,
+                            pad_id=spec.pad_id)
         parts.append(tree_readings(model, tree, prompt_offset=i * pools(i).lengths.shape[0]))
     data = concat(parts)
     held = np.random.default_rng(0).random(int(data.prompt.max()) + 1) < 0.25
