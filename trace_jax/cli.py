@@ -144,6 +144,17 @@ def _data_search_qa_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_reference(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from trace_jax.config_reference import reference
+
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(reference())
+    print(f"config reference written to {args.out}")
+    return 0
+
+
 def _retrieve_index(args: argparse.Namespace) -> int:
     from trace_jax.retrieval.bm25 import build_index
 
@@ -334,6 +345,10 @@ def build_parser() -> argparse.ArgumentParser:
     host.add_argument("--continuations", type=int, default=2)
     host.add_argument("--repeats", type=_positive_int, default=5)
     host.set_defaults(func=_bench_host)
+
+    ref = sub.add_parser("config-reference", help="write the configuration reference (every key, default, meaning)")
+    ref.add_argument("--out", default="docs/config.md")
+    ref.set_defaults(func=_config_reference)
 
     ev = sub.add_parser("eval", help="EM / F1 of a search QA policy per dataset, with both averages",
                         description="One sampled episode per question of each search_qa.eval_datasets split (test, "

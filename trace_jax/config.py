@@ -21,9 +21,9 @@ T = TypeVar("T")
 class MeshConfig:
     """Device mesh sizes for the axes (data, fsdp, tensor); one size may be -1 (fill)."""
 
-    data: int = -1
-    fsdp: int = 1
-    tensor: int = 1
+    data: int = -1  # data-parallel axis size (-1: fill with the remaining devices)
+    fsdp: int = 1  # fully-sharded data-parallel axis size
+    tensor: int = 1  # tensor-parallel axis size
 
     def __post_init__(self) -> None:
         sizes = (self.data, self.fsdp, self.tensor)
@@ -141,7 +141,7 @@ def _merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
     """`cls` from its defaults, then the YAML file at `path`, then key=value `overrides`."""
-    data: dict[str, Any] = {}
+    data: dict[str, Any] = {}  # data-parallel axis size (-1: fill with the remaining devices)
     if path is not None:
         path = Path(path)
         if not path.is_file():
@@ -177,22 +177,22 @@ def _hopworld_policy() -> ModelConfig:
 class SFTConfig:
     """Supervised warm-up of the HopWorld policy on scripted expert episodes."""
 
-    world: HopWorldConfig = HopWorldConfig()
-    model: ModelConfig = dataclasses.field(default_factory=_hopworld_policy)
+    world: HopWorldConfig = HopWorldConfig()  # the HopWorld whose expert episodes train the base policy
+    model: ModelConfig = dataclasses.field(default_factory=_hopworld_policy)  # the policy (HopWorld-sized)
     out_dir: str = "runs/hopworld_sft"  # checkpoints/, tokenizer/, metrics.json, config.yaml
     data_dir: str = "artifacts/tfds"  # TFDS data dir; the HopWorld dataset is built here if missing
-    seed: int = 0
-    steps: int = 300
-    batch_size: int = 32
-    learning_rate: float = 2e-3
-    warmup_steps: int = 20
-    weight_decay: float = 0.01
+    seed: int = 0  # initialisation and batch order
+    steps: int = 300  # optimizer steps
+    batch_size: int = 32  # episodes per step
+    learning_rate: float = 2e-3  # AdamW peak learning rate (warmup then cosine decay)
+    warmup_steps: int = 20  # linear learning-rate warmup steps
+    weight_decay: float = 0.01  # AdamW weight decay
     episodes: int = 4000  # expert episodes drawn from the train split (cycled over questions)
     mistake_prob: float = 0.3  # sloppy search then recovery, per hop
     wrong_answer_prob: float = 0.05  # confident wrong answer, no recovery
     eval_batch: int = 128  # slots per evaluation rollout
-    eval_temperature: float = 1.0
-    log_every: int = 25
+    eval_temperature: float = 1.0  # sampling temperature of the test-split evaluation
+    log_every: int = 25  # steps between logged losses
 
     def __post_init__(self) -> None:
         _require_positive(self, "sft", ("steps", "batch_size", "episodes", "eval_batch", "log_every"))
@@ -217,7 +217,7 @@ class WarmupConfig:
     batches: int = 16  # pools rolled out (0: no warm-up, the head starts at V~ = 0.5)
     group_size: int = 2  # root rollouts per prompt in the warm-up trees (M / group_size prompts a pool)
     fit_steps: int = 500  # full-batch Adam steps of the head fit
-    learning_rate: float = 0.01
+    learning_rate: float = 0.01  # Adam learning rate of the head's fit
 
     def __post_init__(self) -> None:
         if self.batches < 0:
@@ -233,11 +233,11 @@ class TrainConfig:
     policy searching a corpus through a retriever, trained from that checkpoint; no SFT is run).
     """
 
-    env: str = "hopworld"
-    search_qa: SearchQAConfig = SearchQAConfig()
-    world: HopWorldConfig = HopWorldConfig()
+    env: str = "hopworld"  # hopworld | search_qa: which environment and data the run uses
+    search_qa: SearchQAConfig = SearchQAConfig()  # policy, data, turns, retriever (env: search_qa)
+    world: HopWorldConfig = HopWorldConfig()  # the HopWorld the run trains on (env: hopworld)
     sft: SFTConfig = SFTConfig()  # how the base policy is built when init_checkpoint is missing
-    mesh: MeshConfig = MeshConfig()
+    mesh: MeshConfig = MeshConfig()  # device mesh: data, fsdp, tensor axis sizes
     allocator: str = "trace"  # grpo | pcl | random_tree | uniform_tree | trace | trace_roots_uniform_prefix | ...
     pool_size: int = 32  # B: candidate prompts per step
     roots: int = 16  # M: root rollouts per step
@@ -247,26 +247,26 @@ class TrainConfig:
     cost_reference: str = "trace"  # the tree allocator whose generated tokens equal_cost=tokens matches
     match_group_size: bool = False  # grpo/pcl: group size = cost_reference's mean leaves per opened prompt
     max_per_anchor: int = 0  # cap on continuations per anchor for TRACE prefixes (0: no cap)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    steps: int = 40
-    learning_rate: float = 5e-5
-    max_grad_norm: float = 1.0
-    clip_eps: float = 0.2
+    temperature: float = 1.0  # sampling temperature of rollouts (the loss scores tokens at the same temperature)
+    top_p: float = 1.0  # nucleus sampling of rollouts (1: off)
+    steps: int = 40  # RL steps (one expansion and one update each)
+    learning_rate: float = 5e-5  # the policy's Adam learning rate
+    max_grad_norm: float = 1.0  # global-norm gradient clipping, per optimizer group
+    clip_eps: float = 0.2  # PPO ratio clipping of the policy loss
     kl_coef: float = 0.0  # k3 KL to the frozen base policy (0: no reference kept)
     predictor_coef: float = 1.0  # weight of the success head's squared error in the same loss
     head_learning_rate: float = 1e-3  # the success head's own optimizer group (the policy uses learning_rate)
     predictor_backbone_grad: bool = False  # let the predictor loss train the shared backbone too
-    warmup: WarmupConfig = WarmupConfig()
+    warmup: WarmupConfig = WarmupConfig()  # the predictor warm-up before RL
     eval_every: int = 20  # steps between test-split evaluations (also at start and end)
-    eval_batch: int = 128
+    eval_batch: int = 128  # slots per evaluation rollout (one compilation)
     eval_samples: int = 1  # sampled episodes per test question (more: less noisy success estimates)
-    checkpoint_every: int = 10
-    keep_checkpoints: int = 3
-    seed: int = 0
+    checkpoint_every: int = 10  # steps between checkpoints (and at the end)
+    keep_checkpoints: int = 3  # newest checkpoints kept
+    seed: int = 0  # prompts, rollouts, warm-up and evaluation keys all derive from it
     init_checkpoint: str = "runs/hopworld_sft/checkpoints"  # built with `sft` settings if missing
-    out_dir: str = "runs/hopworld_trace"
-    data_dir: str = "artifacts/tfds"
+    out_dir: str = "runs/hopworld_trace"  # metrics, plots, checkpoints and the final policy
+    data_dir: str = "artifacts/tfds"  # TFDS data (built on first use)
 
     def __post_init__(self) -> None:
         from trace_jax.allocation import ALLOCATORS
@@ -308,10 +308,11 @@ class CompareConfig:
     Run k uses seed train.seed + k for every method: the same prompts, warm-up and evaluation keys.
     """
 
-    train: TrainConfig = TrainConfig()
+    train: TrainConfig = TrainConfig()  # the settings every method shares (its allocator fields are set per method)
+    # allocators and controls, e.g. trace, grpo, grpo_matched, trace@32x6
     methods: tuple[str, ...] = ("trace", "grpo", "grpo_matched", "uniform_tree", "random_tree", "pcl")
-    seeds: int = 3
-    out_dir: str = "runs/compare"
+    seeds: int = 3  # runs per method, seeds train.seed, train.seed + 1, ...
+    out_dir: str = "runs/compare"  # runs/<method>/seed<s>, summary.json, results.md, PNGs
 
     def __post_init__(self) -> None:
         from trace_jax.compare.methods import parse_methods

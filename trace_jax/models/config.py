@@ -40,20 +40,20 @@ class ModelConfig:
     name in DTYPES or a jnp / numpy dtype, and are stored as the name, so equal dtypes give equal configs.
     """
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1_000_000.0
-    tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    max_position_embeddings: int = 32768
-    param_dtype: str = "float32"
-    dtype: str = "float32"
+    vocab_size: int  # tokens in the vocabulary
+    hidden_size: int  # model width D
+    intermediate_size: int  # MLP width
+    num_layers: int  # decoder layers
+    num_heads: int  # query heads
+    num_kv_heads: int  # key/value heads (GQA)
+    head_dim: int  # width of one head
+    rms_norm_eps: float = 1e-6  # RMSNorm epsilon
+    rope_theta: float = 1_000_000.0  # RoPE base
+    tie_word_embeddings: bool = False  # the output projection reuses the embedding
+    attention_bias: bool = False  # biases on q, k, v, o
+    max_position_embeddings: int = 32768  # longest sequence the config declares
+    param_dtype: str = "float32"  # storage dtype of the weights: float32 | bfloat16 | float16
+    dtype: str = "float32"  # compute dtype of activations
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",

@@ -24,7 +24,9 @@ class RetrieverError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class RetrieverConfig:
-    url: str = "http://127.0.0.1:8000/retrieve"
+    """How the search QA environment calls its retriever."""
+
+    url: str = "http://127.0.0.1:8000/retrieve"  # the /retrieve endpoint (Search-R1's protocol)
     topk: int = 3  # passages per query
     timeout_s: float = 30.0  # per HTTP request
     retries: int = 3  # further attempts after a failed request

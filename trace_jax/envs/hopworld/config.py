@@ -15,11 +15,11 @@ QUESTION_LEN = 24  # tokens per question: 3 * hops + 5
 class HopWorldConfig:
     """World generation and episode limits. Hashable, so it can be a static jit argument."""
 
-    seed: int = 0
-    num_entities: int = 256
-    num_questions: int = 2048
-    max_hops: int = 4
-    max_turns: int = 6
+    seed: int = 0  # the world: entities, relations, questions
+    num_entities: int = 256  # entities in the world (32-512)
+    num_questions: int = 2048  # questions, split 80/10/10 into train/validation/test
+    max_hops: int = 4  # hops of the hardest questions
+    max_turns: int = 6  # turns per episode (at least max_hops + 1)
     action_len: int = 24  # A: tokens the policy may generate per turn
     obs_len: int = 34  # O: tokens of one observation
 

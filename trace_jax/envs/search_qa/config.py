@@ -9,6 +9,8 @@ from trace_jax.retrieval.client import RetrieverConfig
 
 @dataclasses.dataclass(frozen=True)
 class SearchQAConfig:
+    """Search QA (`env: search_qa`): a local HF Qwen3 policy searching a corpus through a retriever."""
+
     policy_dir: str = "artifacts/search_qa_tiny/policy"  # local HF Qwen3 dir: config, safetensors, tokenizer
     qa_dir: str = "artifacts/search_qa_tiny/qa"  # <dataset>/<split>.{jsonl,parquet} (TFDS manual_dir)
     train_datasets: tuple[str, ...] = ("nq",)  # trained on their train split
@@ -18,7 +20,7 @@ class SearchQAConfig:
     action_len: int = 500  # A: policy tokens per turn at most
     obs_len: int = 500  # O: observation tokens per turn at most (passages are cut to fit)
     prompt_len: int = 256  # P: prompt tokens at most (longer questions are skipped, and counted)
-    retriever: RetrieverConfig = RetrieverConfig()
+    retriever: RetrieverConfig = RetrieverConfig()  # how the retriever is called
 
     def __post_init__(self) -> None:
         from trace_jax.data.search_qa_tfds import DATASETS
