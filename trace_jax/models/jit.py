@@ -10,14 +10,19 @@ import jax
 from flax import nnx
 
 
-def jit_with_model(fn: Callable[..., Any], static_argnames: Sequence[str] = ()) -> Callable[..., Any]:
+def jit_with_model(fn: Callable[..., Any], static_argnames: Sequence[str] = (), donate_first: bool = False
+                   ) -> Callable[..., Any]:
     """`fn(model, *args, **kwargs)` compiled once per (model graph, shapes, static kwargs).
 
     The model's parameters enter as traced state, so a trained or re-sharded model with the same
-    graph reuses the compilation. The result has `cache_size()` (compilations so far).
+    graph reuses the compilation. donate_first: the first argument after the model is donated (its
+    buffers are reused for the outputs; the caller must not use it again). The result has `cache_size()`
+    (compilations so far) and `bind(model)` (the function of the remaining arguments, with the model split
+    once instead of at every call).
     """
+    donate = (2,) if donate_first else ()
 
-    @functools.partial(jax.jit, static_argnames=("graphdef", *static_argnames))
+    @functools.partial(jax.jit, static_argnames=("graphdef", *static_argnames), donate_argnums=donate)
     def compiled(graphdef: nnx.GraphDef, state: nnx.State, *args: Any, **kwargs: Any) -> Any:
         return fn(nnx.merge(graphdef, state), *args, **kwargs)
 
@@ -26,5 +31,11 @@ def jit_with_model(fn: Callable[..., Any], static_argnames: Sequence[str] = ()) 
         graphdef, state = nnx.split(model)
         return compiled(graphdef, state, *args, **kwargs)
 
+    def bind(model: nnx.Module) -> Callable[..., Any]:
+        """`fn` with `model` split once, for many calls with the same parameters (a host loop's turns)."""
+        graphdef, state = nnx.split(model)
+        return functools.partial(compiled, graphdef, state)
+
     call.cache_size = compiled._cache_size  # type: ignore[attr-defined]
+    call.bind = bind  # type: ignore[attr-defined]
     return call

@@ -201,15 +201,16 @@ def run_turns(model: Policy, env: JaxEnv, ro: Rollout, *, sampling: SamplingConf
     return jax.lax.fori_loop(0, env.max_turns, turn_body, ro)
 
 
-generate_turn_jit = jit_with_model(generate_turn, static_argnames=("spec", "sampling"))
-append_observation_jit = jit_with_model(append_observation)
+# the rollout argument is donated: a host loop replaces it with the result every turn
+generate_turn_jit = jit_with_model(generate_turn, static_argnames=("spec", "sampling"), donate_first=True)
+append_observation_jit = jit_with_model(append_observation, donate_first=True)
 
 
 def host_turn_fns(model: Policy, spec: TurnSpec, sampling: SamplingConfig):
     """(generate, append) for `run_turns_host`: `generate_turn` and `append_observation` over this
-    model, compiled once per (model graph, shapes, spec, sampling) and called from Python."""
-    return (functools.partial(generate_turn_jit, model, spec=spec, sampling=sampling),
-            functools.partial(append_observation_jit, model))
+    model (split once), compiled once per (model graph, shapes, spec, sampling) and called from Python."""
+    return (functools.partial(generate_turn_jit.bind(model), spec=spec, sampling=sampling),
+            append_observation_jit.bind(model))
 
 
 def run_turns_host(generate: Callable[[Rollout], tuple[Rollout, jax.Array, jax.Array]],

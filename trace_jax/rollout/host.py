@@ -48,6 +48,7 @@ class NoEnvState:
 
 _stage1 = jit_with_model(start_stage1, static_argnames=("plan", "pad_id"))
 _stage2 = jit_with_model(start_stage2, static_argnames=("plan", "pad_id"))
+_join = jax.jit(join_phases)
 
 
 def expand_host(model: Policy, env: HostEnv, pool: Pool, key: jax.Array, *, plan: Plan, sampling: SamplingConfig,
@@ -62,5 +63,5 @@ def expand_host(model: Policy, env: HostEnv, pool: Pool, key: jax.Array, *, plan
     if plan.continuations:
         cont, unplaced = _stage2(model, shape, phases[0], m, key, plan=plan, pad_id=pad_id)
         phases.append(run_turns_host(generate, append, env, cont))
-    tree, stats = join_phases(phases, unplaced)
+    tree, stats = _join(phases, unplaced)
     return tree, pool_v, stats
