@@ -138,6 +138,20 @@ def equal_cost_budget(cfg: TrainConfig, probe: Callable[[StepSpec], dict[str, ja
     return Budget(roots, 0, g)
 
 
+def record_step(out: Path, log: MetricsLogger, step: int, metrics: dict[str, jax.Array]) -> dict[str, float]:
+    """A step's metrics as floats; its ARRAY_METRICS go to allocation.jsonl and the pool V~ histogram. Warns
+    when the update was skipped."""
+    metrics = jax.device_get(metrics)
+    spent = {k: metrics.pop(k).tolist() for k in ARRAY_METRICS}
+    with (out / ALLOCATION_FILE).open("a") as f:
+        f.write(json.dumps({"step": step, **spent}) + "\n")
+    log.histogram(step, "pool_v", spent["pool_v_values"])
+    last = {k: float(v) for k, v in metrics.items()}
+    if last["skipped"]:
+        tqdm.write(f"train: step {step}: non-finite loss or gradient ({last['loss']}); update skipped")
+    return last
+
+
 Evaluation = tuple[dict[str, float], dict[str, dict[str, list[float]]]]  # (eval/* metrics, reliability bins)
 
 
@@ -222,15 +236,8 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
         for step in bar:
             t0 = time.perf_counter()
             state, metrics = step_fn(state, env, pool_of(loader.batch(step - 1)), jax.random.fold_in(key, step))
-            metrics = jax.device_get(metrics)
-            spent = {k: metrics.pop(k).tolist() for k in ARRAY_METRICS}
-            with (out / ALLOCATION_FILE).open("a") as f:
-                f.write(json.dumps({"step": step, **spent}) + "\n")
-            log.histogram(step, "pool_v", spent["pool_v_values"])
-            last = {k: float(v) for k, v in metrics.items()}
+            last = record_step(out, log, step, metrics)
             last["step_seconds"] = time.perf_counter() - t0
-            if last["skipped"]:
-                tqdm.write(f"train: step {step}: non-finite loss or gradient ({last['loss']}); update skipped")
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 log_eval(step, last)
             log.log(step, last)

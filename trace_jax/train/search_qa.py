@@ -8,7 +8,6 @@ per dataset. At the end the policy is exported as an HF checkpoint with its toke
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -35,10 +34,10 @@ from trace_jax.rollout.host import expand_host
 from trace_jax.train.checkpoint import RunCheckpoints, abstract_state, check_resume_config, newest_meta
 from trace_jax.train.loop import (
     ALLOCATION_FILE,
-    ARRAY_METRICS,
     Budget,
     equal_cost_budget,
     initial_state,
+    record_step,
     step_spec,
     warm_up,
 )
@@ -154,12 +153,7 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
                                               pad_id=pad_id)
             rollout_s = time.perf_counter() - t0
             state, metrics = update(state, tree, pool, pool_v, stats)
-            metrics = jax.device_get(metrics)
-            spent = {k: metrics.pop(k).tolist() for k in ARRAY_METRICS}
-            with (out / ALLOCATION_FILE).open("a") as f:
-                f.write(json.dumps({"step": step, **spent}) + "\n")
-            log.histogram(step, "pool_v", spent["pool_v_values"])
-            last = {k: float(v) for k, v in metrics.items()}
+            last = record_step(out, log, step, metrics)
             last["step_seconds"], last["rollout_seconds"] = time.perf_counter() - t0, rollout_s
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 log_eval(step, last)
