@@ -52,12 +52,29 @@ def test_success_is_read_at_equal_cumulative_tokens(tmp_path):
     assert s["tokens_at"] == 200
     assert s["methods"]["a"]["mean"]["success_at_tokens"] == pytest.approx(0.7)  # a's step-2 evaluation
     assert s["methods"]["b"]["mean"]["success_at_tokens"] == pytest.approx(0.6)
+    assert s["methods"]["a"]["std"]["success_at_tokens"] == 0.0  # one seed
     assert s["methods"]["a"]["mean"]["success_end"] == pytest.approx(0.9)
     assert s["methods"]["b"]["mean"]["mixed_prompts"] == pytest.approx(0.25 * 2)
     # between evaluations: linear in tokens
     rows = [json.loads(line) for line in (tmp_path / "runs/a/seed0/metrics.jsonl").read_text().splitlines()]
     assert run_stats(rows, 300)["success_at_tokens"] == pytest.approx(0.8)
     assert "| b | 60.0% ± 0.0% |" in markdown_table(s)
+    # over seeds: mean and sample std per method; T* is the fewest tokens of any run of any seed
+    _log(tmp_path / "runs/a/seed1", {0: 0.5, 4: 0.5}, [100] * 4)
+    _log(tmp_path / "runs/b/seed1", {0: 0.5, 3: 0.9}, [50] * 3)  # 150 tokens in all
+    s = summarize(tmp_path, ["a", "b"], [0, 1])
+    assert s["tokens_at"] == 150 and s["seeds"] == [0, 1]
+    a = [0.5 + (0.7 - 0.5) * 150 / 200, 0.5 + (0.5 - 0.5) * 150 / 400]  # each seed's success at 150 tokens
+    assert s["methods"]["a"]["runs"]["1"]["success_at_tokens"] == pytest.approx(a[1])
+    assert s["methods"]["a"]["mean"]["success_at_tokens"] == pytest.approx(np.mean(a))
+    assert s["methods"]["a"]["std"]["success_at_tokens"] == pytest.approx(np.std(a, ddof=1))
+    assert s["methods"]["b"]["mean"]["success_end"] == pytest.approx((0.6 + 0.9) / 2)
+
+
+def _evals(run, step: int) -> dict:
+    """The eval/* numbers a run logged at `step`."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return {k: v for r in rows if r["step"] == step for k, v in r.items() if k.startswith("eval/")}
 
 
 QUICK_TINY = ["train.world.num_entities=64", "train.world.num_questions=120", "train.pool_size=4", "train.roots=4",
@@ -69,31 +86,31 @@ QUICK_TINY = ["train.world.num_entities=64", "train.world.num_questions=120", "t
 def test_quick_compare_end_to_end_from_raw_metrics(tmp_path):
     save_model(tmp_path / "base", 0, shd.init_policy(TINY_POLICY, seed=0))
     out = tmp_path / "cmp"
-    args = [*QUICK_TINY, f"train.init_checkpoint={tmp_path / 'base'}", f"train.data_dir={tmp_path / 'tfds'}",
-            f"out_dir={out}"]
+    args = [*QUICK_TINY, "seeds=1", "train.seed=3", f"train.init_checkpoint={tmp_path / 'base'}",
+            f"train.data_dir={tmp_path / 'tfds'}", f"out_dir={out}"]
     assert main(["compare", "--quick", "--methods", "trace,grpo_matched", *args]) == 0
     for name in ("summary.json", "results.md", "success_vs_tokens.png", "effective_ratio.png", "reliability.png",
                  "budget.png"):
         assert (out / name).stat().st_size > 0, name
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["seeds"] == [0, 1] and set(summary["methods"]) == {"trace", "grpo_matched"}
-    # the runs that were compared are fair, as saved
-    for seed in (0, 1):
-        check_fair({m: load_config(TrainConfig, out / f"runs/{m}/seed{seed}/config.yaml")
-                    for m in ("trace", "grpo_matched")})
-    # the table follows the raw file: change trace seed 1's last evaluation and re-summarize
-    raw = out / "runs/trace/seed1/metrics.jsonl"
+    assert summary["seeds"] == [3] and set(summary["methods"]) == {"trace", "grpo_matched"}
+    # the runs that were compared are fair, as saved, and start from the same step-0 evaluation
+    check_fair({m: load_config(TrainConfig, out / f"runs/{m}/seed3/config.yaml") for m in ("trace", "grpo_matched")})
+    step0 = [_evals(out / f"runs/{m}/seed3", 0) for m in ("trace", "grpo_matched")]
+    assert step0[0] and step0[0] == step0[1]
+    # the table follows the raw file: change trace's last evaluation and re-summarize
+    raw = out / "runs/trace/seed3/metrics.jsonl"
     rows = [json.loads(line) for line in raw.read_text().splitlines()]
-    before = summarize(out, ["trace", "grpo_matched"], [0, 1])["methods"]["trace"]["mean"]["success_end"]
+    before = summarize(out, ["trace", "grpo_matched"], [3])["methods"]["trace"]["mean"]["success_end"]
     assert before == pytest.approx(summary["methods"]["trace"]["mean"]["success_end"])
     rows[-1]["eval/success"] = rows[-1]["eval/success"] + 0.5
     raw.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    after = summarize(out, ["trace", "grpo_matched"], [0, 1])["methods"]["trace"]["mean"]["success_end"]
-    assert after == pytest.approx(before + 0.25)
+    after = summarize(out, ["trace", "grpo_matched"], [3])["methods"]["trace"]["mean"]["success_end"]
+    assert after == pytest.approx(before + 0.5)
     # a second call reuses the finished runs; a changed config in the same folder is refused by name
     assert main(["compare", "--quick", "--methods", "trace,grpo_matched", *args]) == 0
     assert main(["compare", "--quick", "--methods", "trace", *args, "train.learning_rate=0.02"]) == 2
     assert np.isfinite(yaml.safe_load((out / "compare.yaml").read_text())["train"]["learning_rate"])
     # one of the runs' trees, drawn
-    assert main(["show-tree", "--run", str(out / "runs/trace/seed0"), "--out", str(tmp_path / "tree.png")]) == 0
+    assert main(["show-tree", "--run", str(out / "runs/trace/seed3"), "--out", str(tmp_path / "tree.png")]) == 0
     assert (tmp_path / "tree.png").stat().st_size > 0

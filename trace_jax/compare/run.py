@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 
 import yaml
+from flax import nnx
 
+from trace_jax import sharding as shd
 from trace_jax.checkpoints import save_model
 from trace_jax.compare.methods import check_fair, method_config, parse_methods
 from trace_jax.compare.plots import plot_comparison
@@ -16,7 +18,7 @@ from trace_jax.config import CompareConfig, TrainConfig, WarmupConfig, from_dict
 from trace_jax.data.hopworld_tfds import build_dataset
 from trace_jax.envs.hopworld import build_world
 from trace_jax.envs.hopworld.env import HopWorldEnv
-from trace_jax.train.loop import Evaluation, base_policy, evaluate, held_out_questions, train, warm_up
+from trace_jax.train.loop import Evaluation, base_policy, evaluate, held_out_questions, placed, train, warm_up
 
 
 def run_dir(out_dir: str | Path, method: str, seed: int) -> Path:
@@ -48,6 +50,7 @@ def shared_start(cfg: TrainConfig, out_dir: Path) -> tuple[Path, Evaluation]:
         (out_dir / "warmup.json").write_text(json.dumps(report, indent=1))
         questions = held_out_questions(cfg)
         (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        model = nnx.merge(*placed(model, shd.make_mesh(cfg.mesh)))  # evaluated as `train` would, with its program
         (out_dir / "step0_eval.json").write_text(json.dumps(evaluate(model, env, questions, cfg, 0)))  # last: done
     scores, bins = json.loads((out_dir / "step0_eval.json").read_text())
     return path, (scores, bins)

@@ -52,6 +52,12 @@ def base_policy(cfg: TrainConfig) -> Policy:
     return load_model(path)
 
 
+def placed(model: Policy, mesh: jax.sharding.Mesh) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graphdef, params) of `model`, its params placed on `mesh` as training holds them."""
+    graphdef, params = nnx.split(model)
+    return graphdef, jax.device_put(params, shd.param_shardings(params, mesh))
+
+
 def held_out_questions(cfg: TrainConfig) -> np.ndarray:
     """The test split's question ids of cfg's world (what `evaluate` scores)."""
     return split_questions(dataclasses.replace(cfg.sft, world=cfg.world, data_dir=cfg.data_dir), "test")
@@ -192,8 +198,7 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
     mesh = shd.make_mesh(cfg.mesh)
     model = base_policy(cfg)
     warmup = {} if resume else warm_up(cfg, model, env)  # a resumed state already holds the warmed-up head
-    graphdef, params = nnx.split(model)
-    params = jax.device_put(params, shd.param_shardings(params, mesh))
+    graphdef, params = placed(model, mesh)
     tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm, cfg.head_learning_rate)
     state = initial_state(cfg, params, tx)
     ckpts = RunCheckpoints(out / "checkpoints", cfg.keep_checkpoints)
