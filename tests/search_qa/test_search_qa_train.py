@@ -1,5 +1,5 @@
-"""Search QA end to end on CPU through the real HTTP retriever on loopback: a TRACE step, evaluation,
-the HF export, and a retriever that dies mid-run."""
+"""Search QA end to end on CPU through the real HTTP retriever on loopback: TRACE steps, a retriever that dies
+mid-run, the resume, evaluation and the HF export."""
 
 import json
 
@@ -17,21 +17,31 @@ def args(kit, tmp_path, url, *extra):
             "group_size=2", "warmup.batches=1", *extra]
 
 
-def test_a_trace_step_evaluation_and_export(kit, serve, tmp_path):
+def test_trace_steps_a_dead_retriever_resume_evaluation_and_export(kit, serve, tmp_path, capsys):
     torch = pytest.importorskip("torch")
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
     from trace_jax.models import from_pretrained
 
-    url, searcher = serve()
-    assert main(["train", *args(kit, tmp_path, url, "steps=1", "eval_every=1")]) == 0
     run = tmp_path / "run"
+    url, searcher = serve(fail_when=lambda: (run / "checkpoints" / "1").is_dir())  # dies after step 1 is saved
+    extra = ("steps=2", "eval_every=2", "checkpoint_every=1", "search_qa.retriever.retries=1",
+             "search_qa.retriever.timeout_s=1", "search_qa.retriever.backoff_s=0.01")
+    assert main(["train", *args(kit, tmp_path, url, *extra)]) == 2
+    err = capsys.readouterr().err
+    assert f"retriever at {url} failed 2 times" in err and "trace-jax retrieve serve" in err
     first, last = read_metrics(run)
     assert last["step"] == 1 and last["generated_tokens"] > 0 and last["continuations"] > 0 and not last["skipped"]
     assert {"eval/nq/em", "eval/hotpotqa/f1", "eval/average/em", "eval/weighted/sub_em"} <= set(first)
     assert first["warmup/train_nodes"] > 0  # the predictor warm-up ran through the host path
     assert searcher.queries > 0  # the policy searched, through HTTP
-    assert (run / "checkpoints" / "1").is_dir()
+
+    # the checkpoint of step 1 is whole: with a live retriever the run resumes from it
+    url2, _ = serve()
+    assert main(["train", *args(kit, tmp_path, url2, *extra[:3]), "--resume", "--allow-config-change"]) == 0
+    assert [r["step"] for r in read_metrics(run)] == [0, 1, 2]
+    assert "eval/weighted/em" in read_metrics(run)[-1]
+    assert "resumed from step 1" in capsys.readouterr().out
 
     # the export loads in transformers and computes what our model computes
     hf = Qwen3ForCausalLM.from_pretrained(run / "hf").eval()
@@ -40,27 +50,11 @@ def test_a_trace_step_evaluation_and_export(kit, serve, tmp_path):
         want = hf(torch.tensor(ids)).logits.numpy()
     np.testing.assert_allclose(np.asarray(from_pretrained(run / "hf")(ids).logits), want, atol=1e-4, rtol=1e-4)
     before = from_pretrained(kit / "policy")(ids)
-    assert np.abs(np.asarray(before.logits) - want).max() > 1e-6  # the step changed the policy
+    assert np.abs(np.asarray(before.logits) - want).max() > 1e-6  # the steps changed the policy
     assert np.abs(np.asarray(from_pretrained(run / "hf")(ids).success - before.success)).max() > 1e-3  # and the head
 
-    assert main(["eval", *args(kit, tmp_path, url), "--checkpoint", str(run / "hf")]) == 0
+    assert main(["eval", *args(kit, tmp_path, url2), "--checkpoint", str(run / "hf")]) == 0
     scores = json.loads((run / "eval" / "eval.json").read_text())
     assert set(scores) == {f"eval/{d}/{m}" for d in ("nq", "hotpotqa", "average", "weighted")
                            for m in ("em", "f1", "sub_em")}
     assert "| weighted | 8 |" in (run / "eval" / "eval.md").read_text()
-
-
-def test_a_dead_retriever_stops_the_run_with_its_url_and_the_last_checkpoint_intact(kit, serve, tmp_path, capsys):
-    run = tmp_path / "run"
-    url, searcher = serve(fail_when=lambda: (run / "checkpoints" / "1").is_dir())  # dies after step 1 is saved
-    extra = ("steps=2", "eval_every=2", "checkpoint_every=1", "search_qa.retriever.retries=1",
-             "search_qa.retriever.timeout_s=1", "search_qa.retriever.backoff_s=0.01")
-    assert main(["train", *args(kit, tmp_path, url, *extra)]) == 2
-    err = capsys.readouterr().err
-    assert f"retriever at {url} failed 2 times" in err and "trace-jax retrieve serve" in err
-    assert [r["step"] for r in read_metrics(run)] == [0, 1]
-    # the checkpoint of step 1 is whole: with a live retriever the run resumes from it
-    url2, _ = serve()
-    assert main(["train", *args(kit, tmp_path, url2, *extra[:3]), "--resume", "--allow-config-change"]) == 0
-    assert [r["step"] for r in read_metrics(run)] == [0, 1, 2]
-    assert "resumed from step 1" in capsys.readouterr().out
