@@ -5,10 +5,12 @@ import os
 import shutil
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# 8 host devices for the sharding tests; LLVM's optimisation level 0, since compiling, not running, dominates the
+# suite's time on a CPU (the programs are tiny; numerics are XLA's either way).
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# One XLA compilation cache per test session (fresh each time): many tests compile the same programs (a
-# training step per run, evaluation), and compiling dominates their time on a CPU.
+# One XLA compilation cache per test session (fresh each time, shared by pytest-xdist's workers, which inherit
+# this environment): many tests compile the same programs (a training step per run, evaluation).
 _CACHE = None if "JAX_COMPILATION_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="trace-jax-xla-cache-")
 if _CACHE:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
@@ -29,5 +31,5 @@ def tiny_qwen3(request, tmp_path):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if _CACHE:
+    if _CACHE:  # only the process that made it: workers find JAX_COMPILATION_CACHE_DIR set
         shutil.rmtree(_CACHE, ignore_errors=True)

@@ -3,6 +3,7 @@
 import threading
 
 import pytest
+from built_once import built_once
 from transformers import AutoTokenizer
 
 from trace_jax.data.search_qa_tiny import write_tiny_search_qa
@@ -13,7 +14,7 @@ from trace_jax.retrieval.server import make_server, serve_in_thread
 @pytest.fixture(scope="session")
 def kit(tmp_path_factory):
     """60 fine-tuning steps: enough for the policy to search (the retriever is really called), not to be right."""
-    return write_tiny_search_qa(tmp_path_factory.mktemp("search_qa"), sft_steps=60)
+    return built_once(tmp_path_factory, "search_qa_kit", lambda path: write_tiny_search_qa(path, sft_steps=60))
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from built_once import built_once
 from flax import nnx
 
 from toy import TINY_POLICY as TINY
@@ -35,18 +36,22 @@ OVERRIDES = ["world.num_entities=64", "world.num_questions=120", "pool_size=4", 
 FULL_STEPS = ["steps=5", "checkpoint_every=1"]
 
 
+def _base_and_data(root: Path) -> None:
+    save_model(root / "base", 0, shd.init_policy(TINY, seed=0))
+    build_dataset(root / "tfds", config(root).world)
+
+
 @pytest.fixture(scope="module")
 def run_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train")
-    save_model(root / "base", 0, shd.init_policy(TINY, seed=0))
-    return root
+    """A folder with the base policy (base/) and the dataset (tfds/); tests add their runs under their own names."""
+    return built_once(tmp_path_factory, "train", _base_and_data)
 
 
 @pytest.fixture(scope="module")
-def full_run(run_dirs) -> Path:
+def full_run(run_dirs, tmp_path_factory) -> Path:
     """A finished 5-step run with a checkpoint every step (the newest 3 kept)."""
-    train(config(run_dirs, *FULL_STEPS, f"out_dir={run_dirs / 'full'}"))
-    return run_dirs / "full"
+    return built_once(tmp_path_factory, "train_full",
+                      lambda out: train(config(run_dirs, *FULL_STEPS, f"out_dir={out}")))
 
 
 def config(root: Path, *extra: str) -> TrainConfig:
