@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
 from trace_jax.envs.hopworld import HopWorldConfig, World, protocol
@@ -32,8 +33,9 @@ def question_pool(env: HopWorldEnv, question_ids: Sequence[int]) -> Pool:
 
 
 def rollout_questions(model: Policy, env: HopWorldEnv, question_ids: Sequence[int], batch: int, key: jax.Array,
-                      sampling: SamplingConfig, progress: bool = True) -> Tree:
-    """One sampled episode per question, as one host-side tree of N slots (`prompt` = row index)."""
+                      sampling: SamplingConfig, progress: bool = True, mesh: Mesh | None = None) -> Tree:
+    """One sampled episode per question, as one host-side tree of N slots (`prompt` = row index); mesh: each
+    batch's slots split over its data axes."""
     question_ids = np.asarray(question_ids, np.int32)
     parts = []
     for i, lo in enumerate(tqdm(range(0, len(question_ids), batch), desc="eval", leave=False,
@@ -42,7 +44,7 @@ def rollout_questions(model: Policy, env: HopWorldEnv, question_ids: Sequence[in
         pad = batch - n  # fixed slot count: one compilation; padded slots repeat row 0, ignored
         rows = np.concatenate([np.arange(lo, lo + n), np.full(pad, lo)])
         tree = rollout_prompts(model, env, question_pool(env, question_ids[rows]), jax.random.fold_in(key, i),
-                               sampling=sampling, pad_id=protocol.PAD)
+                               sampling=sampling, pad_id=protocol.PAD, mesh=mesh)
         tree = jax.tree.map(lambda x, n=n: np.asarray(x)[:n], jax.device_get(tree))
         parts.append(dataclasses.replace(tree, prompt=tree.prompt + lo))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)

@@ -95,6 +95,22 @@ def batch_sharding(shape: Sequence[int], mesh: Mesh, rules: Rules | None = None)
     return NamedSharding(mesh, logical_spec(axes, shape, mesh, rules))
 
 
+def constrain_rows(tree, mesh: Mesh | None, rules: Rules | None = None):
+    """Inside jit: every array leaf [rows, ...] of `tree` split by rows over the batch axes (KV caches: heads
+    over tensor too); scalars stay replicated. The identity without a mesh."""
+    if mesh is None:
+        return tree
+
+    def one(x):
+        if isinstance(x, KVCache):
+            return jax.lax.with_sharding_constraint(x, cache_shardings(x, mesh, rules))
+        if x.ndim == 0:
+            return x
+        return jax.lax.with_sharding_constraint(x, batch_sharding(x.shape, mesh, rules))
+
+    return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, KVCache))
+
+
 def init_policy(cfg: ModelConfig, seed: int, mesh: Mesh | None = None, rules: Rules | None = None) -> Policy:
     """A randomly initialised policy whose parameters are created directly on their shardings."""
     if mesh is None:

@@ -1,6 +1,7 @@
 """Tree expansion: forks copy instead of recomputing, continuations replay fresh rollouts, static shapes."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -213,9 +214,17 @@ def test_sharded_slots_give_the_same_tree(env, model):
     rows = functools.partial(shd.batch_sharding, mesh=mesh)
     sharded_pool = ex.Pool(*(jax.device_put(a, rows(a.shape)) for a in (pool.tokens, pool.lengths, pool.question)))
     assert len(sharded_pool.tokens.sharding.device_set) == 4
-    sharded, _, _ = ex.expand_tree(sharded_model, env, sharded_pool, jax.random.key(5), **kwargs)
+    sharded, _, _ = ex.expand_tree(sharded_model, env, sharded_pool, jax.random.key(5), mesh=mesh, **kwargs)
     for a, b in zip(jax.tree.leaves(jax.device_get(single)), jax.tree.leaves(jax.device_get(sharded))):
         np.testing.assert_allclose(a, b, atol=1e-5)
+    for leaf in jax.tree.leaves(sharded):  # every slot row lives on one device: each holds a quarter of them
+        assert leaf.sharding.shard_shape(leaf.shape)[0] == M * (1 + N) // 4, leaf.sharding
+    # and each device rolls out only its slots: in the partitioned program, the KV cache of stage 2's M*N slots
+    # ([slots, L, kv heads, head dim]) is held a quarter per device (forks gather from all M roots' cache)
+    hlo = ex.expand_tree.lower(sharded_model, env, sharded_pool, jax.random.key(5), mesh=mesh, **kwargs)
+    kv = f"f32\\[(\\d+),{single.max_len},{TINY_POLICY.num_kv_heads},{TINY_POLICY.head_dim}\\]"
+    rows = {int(r) for r in re.findall(kv, hlo.compile().as_text())}
+    assert M * N // 4 in rows and M * N not in rows, rows
 
 
 def test_degenerate_budgets(env, model):

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from trace_jax.data.hopworld_tfds import build_dataset
 from trace_jax.data.loader import hopworld_loader
 from trace_jax.envs.hopworld import build_world
 from trace_jax.envs.hopworld.env import HopWorldEnv
+from trace_jax.rollout.engine import TurnSpec, max_len
 from trace_jax.train import loop
 from trace_jax.train.checkpoint import check_resume_config, newest_meta
 from trace_jax.train.loop import Budget, pool_of, step_spec, train
@@ -67,7 +69,7 @@ def setup_step(cfg: TrainConfig, mesh=None):
     env = HopWorldEnv(build_world(cfg.world), cfg.world)
     build_dataset(cfg.data_dir, cfg.world)
     loader = hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed)
-    spec = step_spec(cfg, Budget(cfg.roots, cfg.continuations, cfg.group_size))
+    spec = step_spec(cfg, Budget(cfg.roots, cfg.continuations, cfg.group_size), mesh=mesh)
     return build_step(graphdef, tx, spec), state, env, loader
 
 
@@ -94,6 +96,12 @@ def test_sharded_step_matches_single_device(run_dirs):
         np.testing.assert_allclose(metrics[key], metrics_sh[key], rtol=1e-4, atol=1e-5, err_msg=key)
     for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(new_sh.params)):
         np.testing.assert_allclose(a, b, atol=1e-5)
+    # data parallel over (data, fsdp): no device computes the logits [rows, L, V] of all 8 slots in the update
+    hlo = step_sh.lower(state_sh, env, pool, jax.random.key(0)).compile().as_text()
+    length = max_len(pool.tokens.shape[1], TurnSpec.of(env))
+    logits = re.findall(rf"f32\[(\d+),(\d+),{TINY.vocab_size}\]", hlo)
+    rows = {int(r) for r, n in logits if int(n) in (length - 1, length)}
+    assert 8 // 4 in rows and 8 not in rows, rows
 
 
 def test_non_finite_loss_skips_the_update():

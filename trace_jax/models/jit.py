@@ -17,8 +17,8 @@ def jit_with_model(fn: Callable[..., Any], static_argnames: Sequence[str] = (), 
     The model's parameters enter as traced state, so a trained or re-sharded model with the same
     graph reuses the compilation. donate_first: the first argument after the model is donated (its
     buffers are reused for the outputs; the caller must not use it again). The result has `cache_size()`
-    (compilations so far) and `bind(model)` (the function of the remaining arguments, with the model split
-    once instead of at every call).
+    (compilations so far), `bind(model)` (the function of the remaining arguments, with the model split
+    once instead of at every call) and `lower(model, ...)` (the program, as `jax.jit(...).lower`).
     """
     donate = (2,) if donate_first else ()
 
@@ -36,6 +36,11 @@ def jit_with_model(fn: Callable[..., Any], static_argnames: Sequence[str] = (), 
         graphdef, state = nnx.split(model)
         return functools.partial(compiled, graphdef, state)
 
+    def lower(model: nnx.Module, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
+        """The program for these arguments, for inspection (`.compile().as_text()`, `.memory_analysis()`)."""
+        return compiled.lower(*nnx.split(model), *args, **kwargs)
+
     call.cache_size = compiled._cache_size  # type: ignore[attr-defined]
     call.bind = bind  # type: ignore[attr-defined]
+    call.lower = lower  # type: ignore[attr-defined]
     return call

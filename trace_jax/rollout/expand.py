@@ -17,6 +17,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from trace_jax.allocation import Plan, one_episode_per_prompt
 from trace_jax.envs.base import JaxEnv
@@ -25,6 +26,7 @@ from trace_jax.models.jit import jit_with_model
 from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import Rollout, SamplingConfig, TurnSpec, max_len, run_turns
 from trace_jax.rollout.tree import Tree
+from trace_jax.sharding import constrain_rows
 from trace_jax.validate import concrete
 
 
@@ -196,8 +198,10 @@ def join_phases(phases: list[Rollout], unplaced: jax.Array) -> tuple[Tree, dict[
 
 
 def expand(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan, sampling: SamplingConfig,
-           pad_id: int) -> tuple[Tree, jax.Array, dict[str, jax.Array]]:
+           pad_id: int, mesh: Mesh | None = None) -> tuple[Tree, jax.Array, dict[str, jax.Array]]:
     """One step's rollout tree: allocate roots, roll them out, allocate anchors, fork and roll out.
+    mesh: the slots (tree rows, KV cache, env state) are split over its data axes (`sharding.constrain_rows`),
+    so each device rolls out its share; the sampled tree is the same as without a mesh.
 
     Returns (tree [S], pool_v [B]: the predictor's read of every pool prompt, stats):
       utilisation: decode steps that produced a live token over slots x decode loop steps;
@@ -207,21 +211,21 @@ def expand(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan
       stage2_unplaced: continuation budget the allocator could not place (no anchor, or capped).
     """
     ro, pool_v, m = start_stage1(model, env, pool, key, plan=plan, pad_id=pad_id)
-    phases = [run_turns(model, env, ro, sampling=sampling)]
+    phases = [run_turns(model, env, constrain_rows(ro, mesh), sampling=sampling)]
     unplaced = jnp.zeros((), jnp.int32)
     if plan.continuations:
         cont, unplaced = start_stage2(model, env, phases[0], m, key, plan=plan, pad_id=pad_id)
-        phases.append(run_turns(model, env, cont, sampling=sampling))
+        phases.append(run_turns(model, env, constrain_rows(cont, mesh), sampling=sampling))
     tree, stats = join_phases(phases, unplaced)
-    return tree, pool_v, stats
+    return constrain_rows(tree, mesh), pool_v, stats
 
 
-expand_tree = jit_with_model(expand, static_argnames=("plan", "sampling", "pad_id"))
-expand_tree.__doc__ = "`expand` compiled once per (model graph, shapes, plan, sampling)."
+expand_tree = jit_with_model(expand, static_argnames=("plan", "sampling", "pad_id", "mesh"))
+expand_tree.__doc__ = "`expand` compiled once per (model graph, shapes, plan, sampling, mesh)."
 
 
 def rollout_prompts(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, sampling: SamplingConfig,
-                    pad_id: int) -> Tree:
+                    pad_id: int, mesh: Mesh | None = None) -> Tree:
     """One episode per pool prompt, no branching (evaluation and baselines)."""
     plan = one_episode_per_prompt(pool.tokens.shape[0])
-    return expand_tree(model, env, pool, key, plan=plan, sampling=sampling, pad_id=pad_id)[0]
+    return expand_tree(model, env, pool, key, plan=plan, sampling=sampling, pad_id=pad_id, mesh=mesh)[0]

@@ -76,12 +76,14 @@ class Budget(NamedTuple):
     group_size: int
 
 
-def step_spec(cfg: TrainConfig, budget: Budget, pad_id: int = protocol.PAD) -> StepSpec:
+def step_spec(cfg: TrainConfig, budget: Budget, pad_id: int = protocol.PAD,
+              mesh: jax.sharding.Mesh | None = None) -> StepSpec:
+    """The step of cfg at `budget`; mesh: the slots are split over its data axes."""
     allocator = Allocator(cfg.allocator, group_size=budget.group_size, max_per_anchor=cfg.max_per_anchor or None)
     return StepSpec(plan=Plan(allocator, roots=budget.roots, continuations=budget.continuations),
                     sampling=SamplingConfig(cfg.temperature, cfg.top_p), clip_eps=cfg.clip_eps,
                     kl_coef=cfg.kl_coef, predictor_coef=cfg.predictor_coef, pad_id=pad_id,
-                    predictor_backbone_grad=cfg.predictor_backbone_grad)
+                    predictor_backbone_grad=cfg.predictor_backbone_grad, mesh=mesh)
 
 
 def initial_state(cfg: TrainConfig, params: nnx.State, tx) -> TrainState:
@@ -165,7 +167,7 @@ def evaluate(model: Policy, env: HopWorldEnv, questions: np.ndarray, cfg: TrainC
     """(eval/* metrics: test success per hop and predictor quality, reliability bins) at `step`."""
     questions = np.repeat(questions, cfg.eval_samples)
     tree = rollout_questions(model, env, questions, cfg.eval_batch, jax.random.fold_in(jax.random.key(cfg.seed + 7),
-                             step), SamplingConfig(cfg.temperature, cfg.top_p))
+                             step), SamplingConfig(cfg.temperature, cfg.top_p), mesh=shd.make_mesh(cfg.mesh))
     out = success_by_hops(tree.reward, np.asarray(env.world.hops)[questions]) | predictor_quality(tree)
     return {f"eval/{k}": v for k, v in out.items()}, reliability(tree)
 
@@ -210,9 +212,9 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
         budget = Budget(meta["roots"], meta["continuations"], meta["group_size"])
         print(f"train: resumed from step {start} ({ckpts.directory})")
     else:
-        budget = equal_cost_budget(cfg, lambda spec: build_step(graphdef, tx, spec)(
+        budget = equal_cost_budget(cfg, lambda spec: build_step(graphdef, tx, dataclasses.replace(spec, mesh=mesh))(
             jax.tree.map(jnp.copy, state), env, pool_of(loader.batch(0)), jax.random.key(cfg.seed + 1))[1])
-    spec = step_spec(cfg, budget)
+    spec = step_spec(cfg, budget, mesh=mesh)
     step_fn = build_step(graphdef, tx, spec)
     key = jax.random.key(cfg.seed)
     last: dict[str, float] = {}

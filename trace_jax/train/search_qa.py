@@ -124,7 +124,7 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
             return jax.device_get(rollout_metrics(tree, pool, stats))
 
         budget = equal_cost_budget(cfg, probe)
-    spec = step_spec(cfg, budget, pad_id)
+    spec = step_spec(cfg, budget, pad_id, mesh)
     update = build_update(graphdef, tx, spec)
     key = jax.random.key(cfg.seed)
     print(f"train: search_qa, {cfg.allocator}, pool B={cfg.pool_size}, roots M={budget.roots}, continuations "

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.sharding import Mesh
 
 from trace_jax.allocation import Plan, anchor_groups
 from trace_jax.envs.base import JaxEnv
@@ -35,6 +36,7 @@ from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool, expand
 from trace_jax.rollout.sampling import policy_logprobs, token_logprobs
 from trace_jax.rollout.tree import Tree
+from trace_jax.sharding import constrain_rows
 
 
 @jax.tree_util.register_dataclass
@@ -60,6 +62,7 @@ class StepSpec:
     predictor_coef: float
     pad_id: int
     predictor_backbone_grad: bool = False  # False: the predictor loss trains the head only
+    mesh: Mesh | None = None  # slots (rollout and update rows) split over its data axes; None: not constrained
 
 
 HEAD_PARAMS = ("success_kernel", "success_bias")
@@ -147,7 +150,7 @@ def update_from_tree(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, s
                      ) -> tuple[TrainState, dict[str, jax.Array]]:
     """Targets, advantages, loss and the optax update from a finished expansion: (state, metrics)."""
     temperature = spec.sampling.temperature
-    tree = jax.lax.stop_gradient(tree)
+    tree = constrain_rows(jax.lax.stop_gradient(tree), spec.mesh)  # the loss forward: each device its rows
     targets, weight = node_targets(tree)
     adv = advantages(tree)
     mask = tree.policy_mask[:, 1:]
@@ -184,7 +187,7 @@ def build_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: S
     def step(state: TrainState, env: JaxEnv, pool: Pool, key: jax.Array):
         model = nnx.merge(graphdef, state.params)
         tree, pool_v, stats = expand(model, env, pool, key, plan=spec.plan, sampling=spec.sampling,
-                                     pad_id=spec.pad_id)
+                                     pad_id=spec.pad_id, mesh=spec.mesh)
         return update_from_tree(graphdef, tx, spec, state, tree, pool, pool_v, stats)
 
     return jax.jit(step, donate_argnums=0)
