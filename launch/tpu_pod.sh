@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# trace-jax on a Cloud TPU VM: create it, install this checkout on every worker, train, stream logs, delete.
+#
+#   bash launch/tpu_pod.sh up      [options] [-- key=value ...]   create + install + train + logs
+#   bash launch/tpu_pod.sh create  [options]                      the TPU VM (or a queued resource with --queued)
+#   bash launch/tpu_pod.sh install [options]                      this checkout (git-tracked files) on every worker
+#   bash launch/tpu_pod.sh train   [options] [-- key=value ...]   `trace-jax train` on --worker=all, in the background
+#   bash launch/tpu_pod.sh logs    [options]                      stream worker 0's training log
+#   bash launch/tpu_pod.sh delete  [options]                      delete the TPU VM (and its queued resource)
+#
+# Options (each also read from the environment variable in brackets):
+#   --name NAME        TPU VM name                        [TPU_NAME, default trace-jax]
+#   --zone ZONE        zone                               [TPU_ZONE, default us-east5-b]
+#   --type TYPE        accelerator type                   [TPU_TYPE, default v5litepod-8: one host]
+#   --version VERSION  TPU software version               [TPU_VERSION, default: the type's base image]
+#   --project PROJECT  Google Cloud project               [TPU_PROJECT, default: gcloud's configured one]
+#   --spot             spot capacity (preemptible); --reserved: a reservation
+#   --queued           create through a queued resource (waits for capacity)
+#   --config FILE      YAML config for `trace-jax train`  [TPU_CONFIG]
+#   --run-dir DIR      where the run writes on the VM      [TPU_RUN_DIR, default runs/tpu; a local path]
+#   --resume           train: continue the run in --run-dir from its newest checkpoint (after a preemption)
+#   --dry-run          print the gcloud commands instead of running them
+#
+# One host only for now: the training loop does not join hosts through jax.distributed yet, so a multi-host
+# type (e.g. v5litepod-16, v4-16) is refused. See launch/README.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+name=${TPU_NAME:-trace-jax}
+zone=${TPU_ZONE:-us-east5-b}
+type=${TPU_TYPE:-v5litepod-8}
+version=${TPU_VERSION:-}
+project=${TPU_PROJECT:-}
+config=${TPU_CONFIG:-}
+run_dir=${TPU_RUN_DIR:-runs/tpu}
+capacity=""
+queued=0
+resume=0
+dry=0
+remote_dir=trace-jax
+
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+die() { echo "tpu_pod.sh: error: $*" >&2; exit 2; }
+
+[ $# -ge 1 ] || { usage; exit 2; }
+command=$1
+shift
+case $command in -h|--help) usage; exit 0 ;; esac
+overrides=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --name) name=${2:?--name needs a value}; shift 2 ;;
+    --zone) zone=${2:?--zone needs a value}; shift 2 ;;
+    --type) type=${2:?--type needs a value}; shift 2 ;;
+    --version) version=${2:?--version needs a value}; shift 2 ;;
+    --project) project=${2:?--project needs a value}; shift 2 ;;
+    --config) config=${2:?--config needs a value}; shift 2 ;;
+    --run-dir) run_dir=${2:?--run-dir needs a value}; shift 2 ;;
+    --spot) capacity=--spot; shift ;;
+    --reserved) capacity=--reserved; shift ;;
+    --queued) queued=1; shift ;;
+    --resume) resume=1; shift ;;
+    --dry-run) dry=1; shift ;;
+    -h|--help) usage; exit 0 ;;
+    --) shift; overrides=("$@"); break ;;
+    *) die "unknown option '$1' (see: bash launch/tpu_pod.sh --help)" ;;
+  esac
+done
+
+# One host holds up to 8 of the unit the type counts (v4/v5p: TensorCores, v5e/v6e: chips): v4-8, v5p-8,
+# v5litepod-8 and v6e-8 are the largest single-host slices.
+case $type in
+  v4-*) default_version=tpu-ubuntu2204-base ;;
+  v5p-*) default_version=v2-alpha-tpuv5 ;;
+  v5litepod-*) default_version=v2-alpha-tpuv5-lite ;;
+  v6e-*) default_version=v2-alpha-tpuv6e ;;
+  *) die "unknown accelerator type '$type': use v4-N, v5p-N, v5litepod-N or v6e-N" ;;
+esac
+version=${version:-$default_version}
+size=${type##*-}
+[[ $size =~ ^[0-9]+$ ]] || die "accelerator type '$type' does not end in a size"
+if [ "$size" -gt 8 ]; then
+  die "$type is a multi-host slice; multi-host training is not supported yet: use ${type%-*}-8 or smaller" \
+      "(see launch/README.md)"
+fi
+if [ -n "$config" ] && [ ! -f "$config" ]; then
+  die "config file '$config' not found"
+fi
+
+# Runs a command, or prints it (shell-quoted) with --dry-run.
+run() {
+  if [ "$dry" = 1 ]; then
+    printf '%q ' "$@" | sed 's/ $//'
+    echo
+  else
+    "$@"
+  fi
+}
+
+where=(--zone "$zone")
+[ -n "$project" ] && where+=(--project "$project")
+
+create() {
+  if [ "$queued" = 1 ]; then
+    local args=(--node-id "$name" --accelerator-type "$type" --runtime-version "$version")
+    [ -n "$capacity" ] && args+=("$capacity")
+    run gcloud compute tpus queued-resources create "$name" "${where[@]}" "${args[@]}"
+    echo "tpu_pod.sh: queued; 'gcloud compute tpus queued-resources describe $name --zone $zone' shows its state" >&2
+  else
+    local args=(--accelerator-type "$type" --version "$version")
+    [ "$capacity" = --spot ] && args+=(--spot)
+    [ "$capacity" = --reserved ] && args+=(--reserved)
+    run gcloud compute tpus tpu-vm create "$name" "${where[@]}" "${args[@]}"
+  fi
+}
+
+ssh_all() { run gcloud compute tpus tpu-vm ssh "$name" "${where[@]}" --worker=all --command "$1"; }
+
+install() {
+  local archive=/tmp/trace-jax-$$.tar.gz
+  run git archive --format=tar.gz -o "$archive" HEAD
+  run gcloud compute tpus tpu-vm scp "$archive" "$name:trace-jax.tar.gz" "${where[@]}" --worker=all
+  ssh_all "set -e; rm -rf $remote_dir; mkdir -p $remote_dir; tar -xzf trace-jax.tar.gz -C $remote_dir; \
+cd $remote_dir; python3 -m venv .venv; .venv/bin/pip install -q --upgrade pip; \
+.venv/bin/pip install -q -e . 'jax[tpu]'; .venv/bin/python -c 'import jax; print(jax.devices())'"
+  [ "$dry" = 1 ] || rm -f "$archive"
+}
+
+train() {
+  local cmd=(.venv/bin/trace-jax train)
+  [ "$resume" = 1 ] && cmd+=(--resume)
+  if [ -n "$config" ]; then
+    run gcloud compute tpus tpu-vm scp "$config" "$name:$remote_dir/launch_config.yaml" "${where[@]}" --worker=all
+    cmd+=(--config launch_config.yaml)
+  fi
+  cmd+=("out_dir=$run_dir" "${overrides[@]}")
+  local quoted
+  quoted=$(printf '%q ' "${cmd[@]}")
+  ssh_all "cd $remote_dir && mkdir -p logs && nohup $quoted > logs/train.log 2>&1 &"
+}
+
+logs() {
+  run gcloud compute tpus tpu-vm ssh "$name" "${where[@]}" --worker=0 --command "tail -n +1 -F $remote_dir/logs/train.log"
+}
+
+delete() {
+  if [ "$queued" = 1 ]; then
+    run gcloud compute tpus queued-resources delete "$name" "${where[@]}" --force --quiet
+  else
+    run gcloud compute tpus tpu-vm delete "$name" "${where[@]}" --quiet
+  fi
+}
+
+case $command in
+  create) create ;;
+  install) install ;;
+  train) train ;;
+  logs) logs ;;
+  delete) delete ;;
+  up) create; install; train; logs ;;
+  *) die "unknown command '$command': use up, create, install, train, logs or delete" ;;
+esac

