@@ -3,6 +3,7 @@ end to end."""
 
 import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -83,7 +84,7 @@ QUICK_TINY = ["train.world.num_entities=64", "train.world.num_questions=120", "t
               "train.checkpoint_every=2"]
 
 
-def test_quick_compare_end_to_end_from_raw_metrics(tmp_path):
+def test_quick_compare_end_to_end_from_raw_metrics(tmp_path, capsys):
     save_model(tmp_path / "base", 0, shd.init_policy(TINY_POLICY, seed=0))
     out = tmp_path / "cmp"
     args = [*QUICK_TINY, "seeds=1", "train.seed=3", f"train.init_checkpoint={tmp_path / 'base'}",
@@ -109,6 +110,12 @@ def test_quick_compare_end_to_end_from_raw_metrics(tmp_path):
     assert after == pytest.approx(before + 0.5)
     # a second call reuses the finished runs; a changed config in the same folder is refused by name
     assert main(["compare", "--quick", "--methods", "trace,grpo_matched", *args]) == 0
+    assert "reusing it" in capsys.readouterr().out
+    # a run stopped midway (preempted: a checkpoint, no policy yet) is continued from its checkpoint
+    shutil.rmtree(out / "runs/grpo_matched/seed3/policy")
+    assert main(["compare", "--quick", "--methods", "trace,grpo_matched", *args]) == 0
+    assert "compare: grpo_matched, seed 3 (resuming its newest checkpoint)" in capsys.readouterr().out
+    assert (out / "runs/grpo_matched/seed3/policy").is_dir()
     assert main(["compare", "--quick", "--methods", "trace", *args, "train.learning_rate=0.02"]) == 2
     assert np.isfinite(yaml.safe_load((out / "compare.yaml").read_text())["train"]["learning_rate"])
     # one of the runs' trees, drawn

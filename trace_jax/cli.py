@@ -406,12 +406,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     from trace_jax.retrieval.client import RetrieverError
+    from trace_jax.train.preemption import EXIT_CODE, Preempted
 
     try:
         return args.func(args)
     except (FileNotFoundError, ValueError, KeyError, RetrieverError) as e:
         print(f"trace-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except Preempted as e:
+        print(f"trace-jax {args.command}: {e}", file=sys.stderr)
+        return EXIT_CODE
 
 
 if __name__ == "__main__":

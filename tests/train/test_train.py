@@ -2,11 +2,13 @@
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -155,6 +157,35 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(run_dirs, full_run
     assert sorted(b) == sorted(a) == list(range(6))
     for step in range(done - 1, 6):
         assert a[step] == b[step], f"step {step} differs after resume"
+
+
+def test_sigterm_saves_the_step_and_exits_then_resume_reproduces_the_uninterrupted_run(run_dirs, full_run, tmp_path,
+                                                                                       capsys):
+    """A preemption: SIGTERM mid-run (in this process, from a watcher thread once step 2 is saved). The step in
+    flight finishes, is logged and checkpointed, and the command exits with 143; --resume then reproduces the
+    uninterrupted run exactly."""
+    run = tmp_path / "preempted"
+    args = ["train", *OVERRIDES, *FULL_STEPS, f"out_dir={run}", f"init_checkpoint={run_dirs / 'base'}",
+            f"data_dir={run_dirs / 'tfds'}"]
+
+    def preempt():
+        deadline = time.time() + 300
+        while not (run / "checkpoints" / "2" / "meta").exists() and time.time() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    watcher = threading.Thread(target=preempt, daemon=True)
+    watcher.start()
+    assert main(args) == 128 + signal.SIGTERM
+    watcher.join()
+    err = capsys.readouterr().err
+    stopped = int(re.search(r"preempted \(SIGTERM\) after step (\d+)", err).group(1))
+    assert 2 <= stopped < 5 and "--resume" in err
+    assert newest_meta(run / "checkpoints")[0] == stopped and not (run / "policy").exists()
+    assert sorted(_metrics(run)) == list(range(stopped + 1))
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler was the run's alone
+    assert main([*args, "--resume"]) == 0
+    assert _metrics(run) == _metrics(full_run)
 
 
 def test_resume_with_nothing_to_resume_fails_before_any_work(tmp_path, monkeypatch, capsys):

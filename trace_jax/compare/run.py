@@ -18,6 +18,7 @@ from trace_jax.config import CompareConfig, TrainConfig, WarmupConfig, from_dict
 from trace_jax.data.hopworld_tfds import build_dataset
 from trace_jax.envs.hopworld import build_world
 from trace_jax.envs.hopworld.env import HopWorldEnv
+from trace_jax.train.checkpoint import newest_meta
 from trace_jax.train.loop import Evaluation, base_policy, evaluate, held_out_questions, placed, train, warm_up
 
 
@@ -34,6 +35,14 @@ def finished(out_dir: Path, cfg: TrainConfig, done: str) -> bool:
     if saved != cfg:
         raise ValueError(f"{out_dir} holds a finished run of another configuration; pick a new out_dir for this "
                          "comparison or delete that folder")
+    return True
+
+
+def _has_checkpoint(out_dir: Path) -> bool:
+    try:
+        newest_meta(out_dir / "checkpoints")
+    except FileNotFoundError:
+        return False
     return True
 
 
@@ -74,8 +83,9 @@ def compare(ccfg: CompareConfig) -> dict:
             if finished(Path(cfg.out_dir), cfg, "policy"):
                 print(f"compare: {m} seed {seed} already finished in {cfg.out_dir}; reusing it")
                 continue
-            print(f"compare: {m}, seed {seed}")
-            train(cfg, step0_eval=step0)
+            partial = _has_checkpoint(Path(cfg.out_dir))  # a run stopped midway (preempted): continue it
+            print(f"compare: {m}, seed {seed}" + (" (resuming its newest checkpoint)" if partial else ""))
+            train(cfg, resume=partial, step0_eval=step0)
     summary = summarize(out, methods, seeds)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "results.md").write_text(markdown_table(summary))

@@ -32,6 +32,7 @@ from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool, expand_tree
 from trace_jax.sft import run_sft, split_questions
 from trace_jax.train.checkpoint import RunCheckpoints, abstract_state, check_resume_config, newest_meta
+from trace_jax.train.preemption import Preempted, sigterm_stops
 from trace_jax.train.step import StepSpec, TrainState, build_step, make_optimizer
 from trace_jax.train.warmup import WarmupSpec, warm_up_predictor
 
@@ -234,7 +235,7 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
 
     for name in (RELIABILITY_FILE, ALLOCATION_FILE):  # like metrics.jsonl: a fresh run starts them anew
         rewind_jsonl(out / name, start if resume else -1)
-    with MetricsLogger(out, resume_from_step=start if resume else None) as log:
+    with MetricsLogger(out, resume_from_step=start if resume else None) as log, sigterm_stops() as stop_requested:
         if start == 0:
             first = dict(warmup)
             log_eval(0, first, step0_eval)
@@ -249,9 +250,13 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
                 log_eval(step, last)
             log.log(step, last)
             bar.set_postfix(reward=f"{last['reward']:.2f}", eff=f"{last['effective_ratio']:.2f}")
-            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            stop = stop_requested() and step < cfg.steps  # SIGTERM: this step is logged, save it and go
+            if stop or step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 ckpts.save(step, state, {"step": step, **budget._asdict(),
                                          "loader": {"seed": cfg.seed, "step": step}, "config": to_dict(cfg)})
+            if stop:
+                ckpts.close()
+                raise Preempted(cfg.out_dir, step)
     ckpts.close()
     policy_dir = out / "policy"  # the trained policy alone: `trace-jax export`, `data show --checkpoint`
     save_model(policy_dir, cfg.steps, nnx.merge(graphdef, state.params))

@@ -41,6 +41,7 @@ from trace_jax.train.loop import (
     step_spec,
     warm_up,
 )
+from trace_jax.train.preemption import Preempted, sigterm_stops
 from trace_jax.train.step import build_update, make_optimizer, rollout_metrics
 
 PLOT_KEYS = ("reward", "effective_ratio", "eval/average/em", "eval/average/f1", "predictor_loss", "root_auc",
@@ -139,7 +140,7 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
         (out / "eval.md").write_text(f"Step {step}: one sampled episode per question (%).\n\n{table}")
         tqdm.write(f"train: step {step} evaluation\n{table}")
 
-    with MetricsLogger(out, resume_from_step=start if resume else None) as log:
+    with MetricsLogger(out, resume_from_step=start if resume else None) as log, sigterm_stops() as stop_requested:
         if start == 0:
             first = dict(warmup)
             log_eval(0, first)
@@ -159,8 +160,12 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
                 log_eval(step, last)
             log.log(step, last)
             bar.set_postfix(reward=f"{last['reward']:.2f}", eff=f"{last['effective_ratio']:.2f}")
-            if step % cfg.checkpoint_every == 0 or step == cfg.steps:
+            stop = stop_requested() and step < cfg.steps  # SIGTERM: this step is logged, save it and go
+            if stop or step % cfg.checkpoint_every == 0 or step == cfg.steps:
                 ckpts.save(step, state, {"step": step, **budget._asdict(), "config": to_dict(cfg)})
+            if stop:
+                ckpts.close()
+                raise Preempted(cfg.out_dir, step)
     ckpts.close()
     hf_dir = out / "hf"  # loads in transformers (Qwen3ForCausalLM) and back here with from_pretrained
     save_pretrained(nnx.merge(graphdef, state.params), hf_dir)
