@@ -119,6 +119,18 @@ def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv | HostEnv, pools: 
     return report
 
 
+def checkpoint_step(cfg: TrainConfig, ckpts: RunCheckpoints, step: int, state: TrainState, meta: dict,
+                    stop_requested: bool) -> None:
+    """After step `step` is logged: checkpoint it every `checkpoint_every` steps and at the end; on a stop request
+    (SIGTERM) checkpoint it and raise `Preempted`."""
+    stop = stop_requested and step < cfg.steps
+    if stop or step % cfg.checkpoint_every == 0 or step == cfg.steps:
+        ckpts.save(step, state, meta)
+    if stop:
+        ckpts.close()
+        raise Preempted(cfg.out_dir, step)
+
+
 def equal_cost_budget(cfg: TrainConfig, probe: Callable[[StepSpec], dict[str, jax.Array]]) -> Budget:
     """This run's budgets. Tree allocators use the configured (M, N). Prefix-free allocators (grpo, pcl)
     get N = 0 and a larger M so their cost matches a tree run's: the same number of leaves ("leaves"), or
@@ -250,13 +262,8 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
                 log_eval(step, last)
             log.log(step, last)
             bar.set_postfix(reward=f"{last['reward']:.2f}", eff=f"{last['effective_ratio']:.2f}")
-            stop = stop_requested() and step < cfg.steps  # SIGTERM: this step is logged, save it and go
-            if stop or step % cfg.checkpoint_every == 0 or step == cfg.steps:
-                ckpts.save(step, state, {"step": step, **budget._asdict(),
-                                         "loader": {"seed": cfg.seed, "step": step}, "config": to_dict(cfg)})
-            if stop:
-                ckpts.close()
-                raise Preempted(cfg.out_dir, step)
+            checkpoint_step(cfg, ckpts, step, state, {"step": step, **budget._asdict(), "loader": {
+                "seed": cfg.seed, "step": step}, "config": to_dict(cfg)}, stop_requested())
     ckpts.close()
     policy_dir = out / "policy"  # the trained policy alone: `trace-jax export`, `data show --checkpoint`
     save_model(policy_dir, cfg.steps, nnx.merge(graphdef, state.params))

@@ -35,13 +35,14 @@ from trace_jax.train.checkpoint import RunCheckpoints, abstract_state, check_res
 from trace_jax.train.loop import (
     ALLOCATION_FILE,
     Budget,
+    checkpoint_step,
     equal_cost_budget,
     initial_state,
     record_step,
     step_spec,
     warm_up,
 )
-from trace_jax.train.preemption import Preempted, sigterm_stops
+from trace_jax.train.preemption import sigterm_stops
 from trace_jax.train.step import build_update, make_optimizer, rollout_metrics
 
 PLOT_KEYS = ("reward", "effective_ratio", "eval/average/em", "eval/average/f1", "predictor_loss", "root_auc",
@@ -160,12 +161,8 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
                 log_eval(step, last)
             log.log(step, last)
             bar.set_postfix(reward=f"{last['reward']:.2f}", eff=f"{last['effective_ratio']:.2f}")
-            stop = stop_requested() and step < cfg.steps  # SIGTERM: this step is logged, save it and go
-            if stop or step % cfg.checkpoint_every == 0 or step == cfg.steps:
-                ckpts.save(step, state, {"step": step, **budget._asdict(), "config": to_dict(cfg)})
-            if stop:
-                ckpts.close()
-                raise Preempted(cfg.out_dir, step)
+            checkpoint_step(cfg, ckpts, step, state, {"step": step, **budget._asdict(), "config": to_dict(cfg)},
+                            stop_requested())
     ckpts.close()
     hf_dir = out / "hf"  # loads in transformers (Qwen3ForCausalLM) and back here with from_pretrained
     save_pretrained(nnx.merge(graphdef, state.params), hf_dir)
