@@ -30,8 +30,8 @@ max_restarts=3
 config=""
 dry=0
 
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
-die() { echo "gke.sh: error: $*" >&2; exit 2; }
+# shellcheck source=launch/common.sh
+source launch/common.sh  # usage, die, run
 
 [ $# -ge 1 ] || { usage; exit 2; }
 command=$1
@@ -58,15 +58,6 @@ done
 if [ -n "$config" ] && [ ! -f "$config" ]; then
   die "config file '$config' not found (it must be in this checkout, which the image holds)"
 fi
-
-run() {
-  if [ "$dry" = 1 ]; then
-    printf '%q ' "$@" | sed 's/ $//'
-    echo
-  else
-    "$@"
-  fi
-}
 
 need_image() { [ -n "$image" ] || die "$command needs --image (where the image is pushed)"; }
 

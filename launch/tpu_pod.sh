@@ -39,8 +39,8 @@ resume=0
 dry=0
 remote_dir=trace-jax
 
-usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
-die() { echo "tpu_pod.sh: error: $*" >&2; exit 2; }
+# shellcheck source=launch/common.sh
+source launch/common.sh  # usage, die, run
 
 [ $# -ge 1 ] || { usage; exit 2; }
 command=$1
@@ -86,16 +86,6 @@ fi
 if [ -n "$config" ] && [ ! -f "$config" ]; then
   die "config file '$config' not found"
 fi
-
-# Runs a command, or prints it (shell-quoted) with --dry-run.
-run() {
-  if [ "$dry" = 1 ]; then
-    printf '%q ' "$@" | sed 's/ $//'
-    echo
-  else
-    "$@"
-  fi
-}
 
 where=(--zone "$zone")
 [ -n "$project" ] && where+=(--project "$project")
