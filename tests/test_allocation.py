@@ -55,6 +55,23 @@ def test_root_counts_is_optimal(num_roots, v):
     assert stage1_value(padded.astype(np.float64), m) >= best - 1e-5
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 7), st.integers(2, 4), st.lists(st.one_of(st.sampled_from(V_SPECIAL), st.floats(0, 1, width=32)),
+                                                      min_size=2, max_size=4))
+def test_root_counts_with_a_cap_is_optimal(num_roots, cap, v):
+    """No prompt gets more than max_per_prompt roots, and the value is the best of every such count vector."""
+    v = np.asarray(v, np.float32)
+    feasible = feasible_counts(len(v), num_roots)
+    feasible = feasible[feasible.max(1) <= cap]
+    if not len(feasible):
+        with pytest.raises(ValueError, match="cannot place"):
+            root_counts(jnp.asarray(v), num_roots, cap)
+        return
+    m = np.asarray(jax.jit(root_counts, static_argnums=(1, 2))(jnp.asarray(v), num_roots, cap))
+    assert m.sum() == num_roots and m.max() <= cap and not (m == 1).any()
+    assert stage1_value(v.astype(np.float64), m) >= stage1_value(v.astype(np.float64), feasible).max() - 1e-5
+
+
 def test_root_counts_odd_budget_and_scale():
     m = np.asarray(root_counts_jit(jnp.array([0.5, 0.5, 0.5]), 5))
     assert sorted(m.tolist()) == [0, 2, 3]
@@ -261,7 +278,7 @@ def test_trace_prefixes_prefer_uncertain_anchors():
 
 def test_uniform_prefix_counts_spread_evenly():
     valid = jnp.ones((2, 3), bool)
-    k, unspent = uniform_prefix_counts(jax.random.key(0), valid, jnp.array([0, 1]), jnp.array([7, 0]))
+    k, unspent = uniform_prefix_counts(jax.random.uniform(jax.random.key(0), (6,)), valid, jnp.array([0, 1]), jnp.array([7, 0]))
     assert sorted(np.asarray(k)[0].tolist()) == [2, 2, 3] and (np.asarray(k)[1] == 0).all()
     assert np.asarray(unspent).tolist() == [0, 0]
 

@@ -24,7 +24,7 @@ from trace_jax.validate import concrete
 
 __all__ = ["ALLOCATORS", "Allocator", "Plan", "anchor_groups", "anchors_to_slots", "pcl_roots", "prefix_counts",
            "random_prefix_counts", "repeat_chance", "root_counts", "root_slots", "uniform_prefix_counts",
-           "uniform_roots"]
+           "uniform_roots", "window"]
 
 # name -> (root rule, prefix rule); "none" = no continuations.
 ALLOCATORS: dict[str, tuple[str, str]] = {
@@ -90,6 +90,14 @@ def pcl_roots(key: jax.Array, v: jax.Array, num_roots: int, group_size: int) -> 
     return jnp.zeros(b, jnp.int32).at[order[: num_roots // group_size]].set(group_size)
 
 
+def window(x: jax.Array, start: jax.Array | int, size: int) -> jax.Array:
+    """x[start : start + size] along axis 0 (static size; past the end repeats x[0], for rows a caller masks)."""
+    if size == x.shape[0] and isinstance(start, int) and start == 0:
+        return x
+    padded = jnp.concatenate([x, jnp.repeat(x[:1], size, axis=0)])  # also for typed PRNG key arrays
+    return jax.lax.dynamic_slice_in_dim(padded, start, size)
+
+
 def anchor_groups(tree: Tree, num_roots: int) -> tuple[jax.Array, jax.Array]:
     """(valid [M, T] bool, group [M] int32) of the root slots: usable anchors and their pool prompt."""
     prompt = tree.prompt[:num_roots]
@@ -110,15 +118,14 @@ def _group_keys(valid: jax.Array, group: jax.Array, num_groups: int) -> jax.Arra
     return jnp.where(usable, group[:, None], num_groups).reshape(-1)
 
 
-def uniform_prefix_counts(key: jax.Array, valid: jax.Array, group: jax.Array, budget: jax.Array
+def uniform_prefix_counts(noise: jax.Array, valid: jax.Array, group: jax.Array, budget: jax.Array
                           ) -> tuple[jax.Array, jax.Array]:
     """(K [R, T], unspent [G]): budget[g] spread as evenly as possible over group g's valid anchors.
 
-    The budget % n leftover continuations go to anchors drawn uniformly at random within the group.
+    The budget % n leftover continuations go to the group's anchors of lowest noise [R*T] (uniform draws).
     """
     num_groups = budget.shape[0]
     gkey = _group_keys(valid, group, num_groups)
-    noise = jax.random.uniform(key, gkey.shape)
     idx = jnp.arange(gkey.size)
     key_s, _, idx_s = jax.lax.sort((gkey, noise, idx), num_keys=2)
     rank = jnp.zeros_like(idx).at[idx_s].set(idx - jnp.searchsorted(key_s, key_s, side="left"))
@@ -129,19 +136,19 @@ def uniform_prefix_counts(key: jax.Array, valid: jax.Array, group: jax.Array, bu
     return k.reshape(valid.shape).astype(jnp.int32), jnp.where(count[:num_groups] == 0, budget, 0)
 
 
-def random_prefix_counts(key: jax.Array, valid: jax.Array, group: jax.Array, budget: jax.Array,
-                         total: int) -> tuple[jax.Array, jax.Array]:
+def random_prefix_counts(noise: jax.Array, valid: jax.Array, group: jax.Array, budget: jax.Array
+                         ) -> tuple[jax.Array, jax.Array]:
     """(K [R, T], unspent [G]): each of group g's budget[g] continuations picks a uniform valid anchor.
 
-    total: static number of continuations (>= sum budget) the draw is laid out over.
+    noise [total]: one uniform draw per continuation (total >= sum budget), laid out group after group.
     """
-    num_groups = budget.shape[0]
+    num_groups, total = budget.shape[0], noise.shape[0]
     gkey = _group_keys(valid, group, num_groups)
-    key_s, idx_s = jax.lax.sort((gkey, jnp.arange(gkey.size)), num_keys=1)
+    key_s, idx_s = jax.lax.sort((gkey, jnp.arange(gkey.size)), num_keys=2)
     unit_group = jnp.searchsorted(jnp.cumsum(budget), jnp.arange(total), side="right")
     start = jnp.searchsorted(key_s, unit_group, side="left")
     n = jnp.searchsorted(key_s, unit_group, side="right") - start
-    pick = start + jnp.minimum((jax.random.uniform(key, (total,)) * n).astype(jnp.int32), jnp.maximum(n - 1, 0))
+    pick = start + jnp.minimum((noise * n).astype(jnp.int32), jnp.maximum(n - 1, 0))
     placed = (unit_group < num_groups) & (n > 0)
     k = jnp.zeros(gkey.size, jnp.int32).at[idx_s[jnp.minimum(pick, gkey.size - 1)]].add(placed)
     spent = jax.ops.segment_sum(placed.astype(jnp.int32), unit_group, num_groups + 1)[:num_groups]
@@ -153,13 +160,16 @@ class Allocator:
     """One allocation rule, by registered name (see ALLOCATORS).
 
     group_size: rollouts per chosen prompt under uniform or PCL roots (must divide M).
-    max_per_anchor: cap on continuations from one anchor under TRACE prefixes (None: M*N, never binds;
-    the stage-2 solver sorts M*T*cap candidate units, so a smaller cap saves memory at paper scale).
+    max_per_anchor: cap on continuations from one anchor under TRACE prefixes (None: the largest group's
+    budget, never binds; the stage-2 solver sorts M*T*cap candidate units, so a smaller cap saves memory).
+    max_roots: cap on root rollouts of one prompt under TRACE roots (None: M), so that one prompt's tree
+    fits a rollout chunk.
     """
 
     name: str
     group_size: int | None = None
     max_per_anchor: int | None = None
+    max_roots: int | None = None
 
     def __post_init__(self) -> None:
         if self.name not in ALLOCATORS:
@@ -168,6 +178,8 @@ class Allocator:
             raise ValueError(f"allocator {self.name!r} needs a group_size >= 1, got {self.group_size}")
         if self.max_per_anchor is not None and self.max_per_anchor < 1:
             raise ValueError(f"max_per_anchor must be >= 1, got {self.max_per_anchor}")
+        if self.max_roots is not None and self.max_roots < 2:
+            raise ValueError(f"max_roots must be >= 2 (a prompt needs two rollouts to contrast), got {self.max_roots}")
 
     @property
     def root_rule(self) -> str:
@@ -182,10 +194,16 @@ class Allocator:
         """False for GRPO/PCL: their N budget is unused (size their M up for equal cost)."""
         return self.prefix_rule != "none"
 
-    def roots(self, key: jax.Array, v_pool: jax.Array, num_roots: int) -> jax.Array:
-        """m [B] int32 root rollouts per pool prompt, sum M, every m_i in {0} ∪ [2, M] for TRACE."""
+    def largest_group(self, num_roots: int) -> int:
+        """The most root rollouts one prompt can get out of M."""
         if self.root_rule == "trace":
-            return root_counts(v_pool, num_roots)
+            return min(self.max_roots or num_roots, num_roots)
+        return self.group_size
+
+    def roots(self, key: jax.Array, v_pool: jax.Array, num_roots: int) -> jax.Array:
+        """m [B] int32 root rollouts per pool prompt, sum M, every m_i in {0} ∪ [2, max_roots] for TRACE."""
+        if self.root_rule == "trace":
+            return root_counts(v_pool, num_roots, self.max_roots)
         g, b = self.group_size, v_pool.shape[0]
         if num_roots % g or num_roots // g > b:
             raise ValueError(f"{self.name}: group_size={g} must divide M={num_roots} into at most "
@@ -194,27 +212,36 @@ class Allocator:
             return pcl_roots(key, v_pool, num_roots, g)
         return uniform_roots(key, b, num_roots, g)
 
-    def prefixes(self, key: jax.Array, roots: Tree, m: jax.Array, num_cont: int) -> tuple[jax.Array, jax.Array]:
-        """(K [M, T] int32 continuations per anchor, unplaced [B] int32) from the finished root slots.
+    def prefixes(self, key: jax.Array, roots: Tree, m: jax.Array, num_cont: int, first_root: jax.Array | int = 0,
+                 all_roots: int | None = None) -> tuple[jax.Array, jax.Array]:
+        """(K [R, T] int32 continuations per anchor, unplaced [B] int32) from the finished root slots.
 
-        roots: the M root slots after stage 1. m [B]: this step's root counts, sum M (prompt i's
+        roots: R finished root slots. m [B]: the root counts of the prompts they hold, sum R (prompt i's
         stage-2 budget is m_i * N). unplaced: budget a prompt could not spend (no valid anchor, or
         every anchor at `max_per_anchor`); prefix-free allocators place nothing and report 0.
+        A chunk of whole prompts: roots are slots [first_root, first_root + R) of a step's all_roots = M
+        (static) and m counts only their prompts; the random rules then draw the step's noise for all M
+        roots and read the chunk's window of it, so the chunk gets the same K rows as the whole step.
         """
         if num_cont < 0:
             raise ValueError(f"N (continuations per root) must be >= 0, got {num_cont}")
         num_roots = roots.num_slots
-        _check_total("m", m, num_roots, exact=True)
+        all_roots = num_roots if all_roots is None else all_roots
+        _check_total("m", m, num_roots, exact=all_roots == num_roots)
         if not self.uses_prefixes:
             return jnp.zeros((num_roots, roots.max_turns), jnp.int32), jnp.zeros(m.shape, jnp.int32)
         valid, group = anchor_groups(roots, num_roots)
         budget = m.astype(jnp.int32) * num_cont
         if self.prefix_rule == "trace":
-            cap = self.max_per_anchor or max(num_roots * num_cont, 1)
+            most = max(self.largest_group(all_roots) * num_cont, 1)  # one anchor never gets more: same K
+            cap = min(self.max_per_anchor or most, most)
             return prefix_counts(repeat_chance(roots, num_roots), valid, group, budget, cap)
+        per_root = roots.max_turns if self.prefix_rule == "uniform" else num_cont  # draws per root slot
+        noise = window(jax.random.uniform(key, (all_roots * per_root,)), first_root * per_root,
+                        num_roots * per_root)
         if self.prefix_rule == "uniform":
-            return uniform_prefix_counts(key, valid, group, budget)
-        return random_prefix_counts(key, valid, group, budget, num_roots * num_cont)
+            return uniform_prefix_counts(noise, valid, group, budget)
+        return random_prefix_counts(noise, valid, group, budget)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,12 +260,13 @@ class Plan:
         m = self.allocator.roots(key, v_pool, self.roots)
         return root_slots(m, self.roots), m
 
-    def continuation_slots(self, key: jax.Array, roots: Tree, m: jax.Array
+    def continuation_slots(self, key: jax.Array, roots: Tree, m: jax.Array, first_root: jax.Array | int = 0
                            ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Stage 2: (parent [M*N], branch_turn [M*N], unplaced [] int32) from the finished roots and
-        stage 1's m [B]; unused continuation slots get NO_PARENT."""
-        k, unplaced = self.allocator.prefixes(key, roots, m, self.continuations)
-        parent, branch_turn = anchors_to_slots(k, self.roots, self.continuations)
+        """Stage 2: (parent [R*N], branch_turn [R*N], unplaced [] int32) from the R finished roots and
+        stage 1's m [B]; unused continuation slots get NO_PARENT. R = M, or a chunk of whole prompts
+        starting at root slot first_root (m: their counts only; see `Allocator.prefixes`)."""
+        k, unplaced = self.allocator.prefixes(key, roots, m, self.continuations, first_root, self.roots)
+        parent, branch_turn = anchors_to_slots(k, roots.num_slots, self.continuations)
         return parent, branch_turn, unplaced.sum()
 
 

@@ -247,6 +247,8 @@ class TrainConfig:
     cost_reference: str = "trace"  # the tree allocator whose generated tokens equal_cost=tokens matches
     match_group_size: bool = False  # grpo/pcl: group size = cost_reference's mean leaves per opened prompt
     max_per_anchor: int = 0  # cap on continuations per anchor for TRACE prefixes (0: no cap)
+    max_roots_per_prompt: int = 0  # cap on root rollouts per prompt for TRACE roots (0: M), so a prompt fits a chunk
+    chunk_slots: int = 0  # slots rolled out (and backpropagated) at once, whole prompts per chunk (0: all M*(1+N))
     temperature: float = 1.0  # sampling temperature of rollouts (the loss scores tokens at the same temperature)
     top_p: float = 1.0  # nucleus sampling of rollouts (1: off)
     steps: int = 40  # RL steps (one expansion and one update each)
@@ -285,8 +287,13 @@ class TrainConfig:
         if self.roots < 2:
             raise ValueError(f"train.roots (M) must be >= 2 (a prompt needs two rollouts to contrast), "
                              f"got {self.roots}")
-        if self.continuations < 0 or self.max_per_anchor < 0:
-            raise ValueError("train.continuations and train.max_per_anchor must be >= 0")
+        if self.continuations < 0 or self.max_per_anchor < 0 or self.chunk_slots < 0:
+            raise ValueError("train.continuations, train.max_per_anchor and train.chunk_slots must be >= 0")
+        if self.chunk_slots and self.env == "search_qa":
+            raise ValueError("train.chunk_slots: chunked rollouts run only with JAX-native environments (hopworld) "
+                             "so far; set chunk_slots: 0 for search_qa")
+        if self.max_roots_per_prompt == 1 or self.max_roots_per_prompt < 0:
+            raise ValueError(f"train.max_roots_per_prompt must be 0 (no cap) or >= 2, got {self.max_roots_per_prompt}")
         if self.roots % self.group_size:
             raise ValueError(f"train.group_size={self.group_size} must divide train.roots={self.roots}")
         if self.roots // self.group_size > self.pool_size:

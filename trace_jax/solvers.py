@@ -14,8 +14,9 @@ import numpy as np
 from trace_jax.validate import concrete
 
 
-def _stage1_values(v: jax.Array, num_roots: int) -> jax.Array:
-    """[B, M+1] value f_i(m) = 1 - v_i^m - (1-v_i)^m of m = 0..M roots; f(0) = 0, f(1) = -inf (forbidden).
+def _stage1_values(v: jax.Array, num_roots: int, max_per_prompt: int) -> jax.Array:
+    """[B, M+1] value f_i(m) = 1 - v_i^m - (1-v_i)^m of m = 0..M roots; f(0) = 0, f(1) = -inf (forbidden), and
+    -inf above max_per_prompt.
 
     f is symmetric in v <-> 1-v; with w = min(v, 1-v) it is -expm1(m log1p(-w)) - w^m, accurate in float32
     even for w near 0 (no cancellation of 1 - (1-w)^m). NaN v counts as 0.
@@ -24,13 +25,14 @@ def _stage1_values(v: jax.Array, num_roots: int) -> jax.Array:
     w = jnp.minimum(v, 1.0 - v)  # [B, 1]
     m = jnp.arange(num_roots + 1, dtype=jnp.float32)
     f = -jnp.expm1(m * jnp.log1p(-w)) - w ** m
-    return jnp.where(m == 0, 0.0, jnp.where(m == 1, -jnp.inf, f))
+    return jnp.where(m == 0, 0.0, jnp.where((m == 1) | (m > max_per_prompt), -jnp.inf, f))
 
 
-def root_counts(v: jax.Array, num_roots: int) -> jax.Array:
+def root_counts(v: jax.Array, num_roots: int, max_per_prompt: int | None = None) -> jax.Array:
     """Stage 1, exact: m [B] int32 maximising sum_i 1 - v_i^m_i - (1-v_i)^m_i, sum m = M, no m_i = 1.
 
-    v [B]: predicted success rates of the pool's prompts (clipped to [0, 1]); num_roots = M (static).
+    v [B]: predicted success rates of the pool's prompts (clipped to [0, 1]); num_roots = M (static);
+    max_per_prompt: static cap on every m_i (None: M), e.g. so one prompt's tree fits a rollout chunk.
     Max-plus DP over prompts (`lax.scan`): best[j] = best value spending exactly j roots on prompts < i,
     best'[j] = max over m in {0} ∪ [2, j] of best[j - m] + f_i(m). A reverse scan then backtracks from
     j = M, redoing for each prompt only the maximisation of the budget it is left with, from the stored
@@ -41,8 +43,12 @@ def root_counts(v: jax.Array, num_roots: int) -> jax.Array:
         raise ValueError(f"stage 1 needs an integer budget of at least 2 root rollouts, got M={num_roots!r}")
     if v.ndim != 1 or v.shape[0] == 0:
         raise ValueError(f"v must be a non-empty vector [B], got shape {v.shape}")
+    cap = num_roots if max_per_prompt is None else max_per_prompt
+    if cap < 2 or cap * v.shape[0] < num_roots or (cap == 2 and num_roots % 2):
+        raise ValueError(f"stage 1 cannot place M={num_roots} root rollouts over B={v.shape[0]} prompts with at "
+                         f"most {cap} each (and at least 2 where any); raise the cap or the pool size")
     size = int(num_roots) + 1
-    values = _stage1_values(v, size - 1)  # [B, M+1]
+    values = _stage1_values(v, size - 1, cap)  # [B, M+1]
 
     def forward(best, f):  # best [M+1]: best value per budget over prompts < i; f [M+1]: f_i
         before = jnp.arange(size)[:, None] - jnp.arange(size)  # [M+1, M+1]: budget j - m left for prompts < i
@@ -89,7 +95,8 @@ def prefix_counts(q: jax.Array, valid: jax.Array, group: jax.Array, budget: jax.
     usable = valid & (group >= 0)[:, None] & (group < num_groups)[:, None]
     key = jnp.broadcast_to(jnp.where(usable, group[:, None], num_groups)[..., None], gain.shape)
     order = jnp.arange(gain.size, dtype=jnp.int32)
-    key_s, _, unit_s = jax.lax.sort((key.reshape(-1), -gain.reshape(-1), order), num_keys=2)
+    # equal gains go to the lower (root, turn) first, so a chunk of whole groups solves like the whole batch
+    key_s, _, unit_s = jax.lax.sort((key.reshape(-1), -gain.reshape(-1), order), num_keys=3)
     rank = jnp.arange(gain.size) - jnp.searchsorted(key_s, key_s, side="left")
     take = (key_s < num_groups) & (rank < budget[jnp.minimum(key_s, num_groups - 1)])
     k = jnp.zeros(gain.size, jnp.int32).at[unit_s].set(take).reshape(gain.shape).sum(-1)

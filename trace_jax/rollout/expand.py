@@ -193,6 +193,7 @@ def join_phases(phases: list[Rollout], unplaced: jax.Array) -> tuple[Tree, dict[
              "decode_steps": sum(p.decode_steps for p in phases),
              "live_tokens": sum(p.live_tokens for p in phases),
              "fed_positions": sum(p.fed_positions for p in phases),
+             "slot_steps": capacity,
              "stage2_unplaced": unplaced}
     return tree, stats
 
@@ -204,7 +205,7 @@ def expand(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan
     so each device rolls out its share; the sampled tree is the same as without a mesh.
 
     Returns (tree [S], pool_v [B]: the predictor's read of every pool prompt, stats):
-      utilisation: decode steps that produced a live token over slots x decode loop steps;
+      utilisation: decode steps that produced a live token over slot_steps, slots x decode loop steps;
       fed_positions: rows x positions of every forward (pool prefill, decode steps, observations),
         padding and idle slots included; useful positions are the pool's prompt tokens plus
         `tree.model_tokens`;

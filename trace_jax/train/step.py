@@ -145,18 +145,22 @@ def allocation_counts(tree: Tree, num_pool: int, num_roots: int) -> dict[str, ja
                 1, mode="drop")}
 
 
-def update_from_tree(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: StepSpec, state: TrainState,
-                     tree: Tree, pool: Pool, pool_v: jax.Array, stats: dict[str, jax.Array]
-                     ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """Targets, advantages, loss and the optax update from a finished expansion: (state, metrics)."""
+def tree_grads(graphdef: nnx.GraphDef, spec: StepSpec, params: nnx.State, ref_params: nnx.State | None, tree: Tree,
+               policy_share: jax.Array | float = 1.0, predictor_share: jax.Array | float = 1.0
+               ) -> tuple[jax.Array, dict[str, jax.Array], nnx.State]:
+    """(loss, aux, grads) of the clipped policy loss + predictor loss (+ KL) on a finished tree.
+
+    The token means of the policy terms are scaled by policy_share and the predictor's weighted mean by
+    predictor_share: a chunk of whole prompts passes its share of the step's policy tokens and predictor
+    weight, so the chunks' losses and gradients add up to the whole step's. aux holds the unscaled means.
+    """
     temperature = spec.sampling.temperature
-    tree = constrain_rows(jax.lax.stop_gradient(tree), spec.mesh)  # the loss forward: each device its rows
     targets, weight = node_targets(tree)
     adv = advantages(tree)
     mask = tree.policy_mask[:, 1:]
     ref_logp = None
-    if state.ref_params is not None:
-        ref_logits = nnx.merge(graphdef, state.ref_params)(tree.tokens).logits
+    if ref_params is not None:
+        ref_logits = nnx.merge(graphdef, ref_params)(tree.tokens).logits
         ref_logp = next_token_logprobs(ref_logits, tree.tokens, temperature)
 
     def loss_fn(params):
@@ -169,16 +173,32 @@ def update_from_tree(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, s
         pred_loss = predictor_loss(pred, targets, weight)
         aux = dict(aux, policy_loss=pg, predictor_loss=pred_loss,
                    entropy=entropy(policy_logprobs(out.logits[:, :-1], temperature), mask))
-        return pg + spec.predictor_coef * pred_loss, aux
+        return policy_share * pg + predictor_share * spec.predictor_coef * pred_loss, aux
 
-    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    new_state, skipped = apply_update(tx, state, grads, loss)
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    return loss, aux, grads
+
+
+def tree_metrics(spec: StepSpec, tree: Tree, pool: Pool, pool_v: jax.Array, stats: dict[str, jax.Array]
+                 ) -> dict[str, jax.Array]:
+    """What a step logs about its tree, beside the loss terms: cost, outcomes, allocation, predictor quality."""
+    targets, weight = node_targets(tree)
     calib = calibration_report(jnp.clip(tree.success, 0.0, 1.0), targets, weight)
-    metrics = dict(rollout_metrics(tree, pool, stats), **aux, **calib, **predictor_report(tree), loss=loss,
-                   skipped=skipped, grad_norm=optax.tree.norm(grads), pool_v=pool_v.mean(), pool_v_std=pool_v.std(),
-                   pool_v_values=pool_v, **allocation_counts(tree, pool.lengths.shape[0], spec.plan.roots),
-                   adv_abs=jnp.sum(jnp.abs(adv) * tree.used) / jnp.maximum(tree.used.sum(), 1))
-    return new_state, metrics
+    return dict(rollout_metrics(tree, pool, stats), **calib, **predictor_report(tree), pool_v=pool_v.mean(),
+                pool_v_std=pool_v.std(), pool_v_values=pool_v,
+                **allocation_counts(tree, pool.lengths.shape[0], spec.plan.roots),
+                adv_abs=jnp.sum(jnp.abs(advantages(tree)) * tree.used) / jnp.maximum(tree.used.sum(), 1))
+
+
+def update_from_tree(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: StepSpec, state: TrainState,
+                     tree: Tree, pool: Pool, pool_v: jax.Array, stats: dict[str, jax.Array]
+                     ) -> tuple[TrainState, dict[str, jax.Array]]:
+    """Targets, advantages, loss and the optax update from a finished expansion: (state, metrics)."""
+    tree = constrain_rows(jax.lax.stop_gradient(tree), spec.mesh)  # the loss forward: each device its rows
+    loss, aux, grads = tree_grads(graphdef, spec, state.params, state.ref_params, tree)
+    new_state, skipped = apply_update(tx, state, grads, loss)
+    return new_state, dict(tree_metrics(spec, tree, pool, pool_v, stats), **aux, loss=loss, skipped=skipped,
+                           grad_norm=optax.tree.norm(grads))
 
 
 def build_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: StepSpec):
