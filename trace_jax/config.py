@@ -294,6 +294,8 @@ class TrainConfig:
                              "so far; set chunk_slots: 0 for search_qa")
         if self.max_roots_per_prompt == 1 or self.max_roots_per_prompt < 0:
             raise ValueError(f"train.max_roots_per_prompt must be 0 (no cap) or >= 2, got {self.max_roots_per_prompt}")
+        if self.chunk_slots:
+            self._check_chunk()
         if self.roots % self.group_size:
             raise ValueError(f"train.group_size={self.group_size} must divide train.roots={self.roots}")
         if self.roots // self.group_size > self.pool_size:
@@ -305,6 +307,25 @@ class TrainConfig:
             raise ValueError("train.learning_rate, train.head_learning_rate and train.clip_eps must be positive")
         if self.roots % self.warmup.group_size:
             raise ValueError(f"warmup.group_size={self.warmup.group_size} must divide train.roots={self.roots}")
+
+
+    def _check_chunk(self) -> None:
+        """A chunk holds one prompt's whole tree: the largest root group, each root with its N continuations
+        (prefix-free allocators: no continuations), and a warm-up prompt's uniform tree."""
+        from trace_jax.allocation import ALLOCATORS
+
+        root_rule, prefix_rule = ALLOCATORS[self.allocator]
+        per_root = 1 + self.continuations if prefix_rule != "none" else 1
+        largest = (self.max_roots_per_prompt or self.roots) if root_rule == "trace" else self.group_size
+        need = {f"{self.allocator}'s largest prompt ({largest} roots x {per_root} slots)": largest * per_root}
+        if self.warmup.batches:
+            need[f"a warm-up prompt ({self.warmup.group_size} roots x {1 + self.continuations} slots)"] = (
+                self.warmup.group_size * (1 + self.continuations))
+        what, most = max(need.items(), key=lambda kv: kv[1])
+        if self.chunk_slots < most:
+            hint = " or set max_roots_per_prompt" if root_rule == "trace" and most == largest * per_root else ""
+            raise ValueError(f"train.chunk_slots={self.chunk_slots} cannot hold {what} = {most} slots; raise "
+                             f"chunk_slots to at least {most}{hint}")
 
 
 @dataclasses.dataclass(frozen=True)

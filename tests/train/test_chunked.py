@@ -148,5 +148,11 @@ def test_a_chunk_too_small_for_one_prompt_fails_before_any_work():
         load_config(TrainConfig, None, ["max_roots_per_prompt=1"])
     with pytest.raises(ValueError, match="chunk_slots must be >= 0"):
         load_config(TrainConfig, None, ["chunk_slots=-4"])
+    with pytest.raises(ValueError, match=r"chunk_slots=24 cannot hold trace's largest prompt \(16 roots x 3 slots\) "
+                                         r"= 48 slots; raise chunk_slots to at least 48 or set max_roots_per_prompt"):
+        load_config(TrainConfig, None, ["chunk_slots=24"])  # the defaults: M=16, N=2, TRACE roots uncapped
+    with pytest.raises(ValueError, match=r"a warm-up prompt \(4 roots x 3 slots\) = 12 slots"):
+        load_config(TrainConfig, None, ["chunk_slots=9", "max_roots_per_prompt=3", "warmup.group_size=4"])
+    assert load_config(TrainConfig, None, ["chunk_slots=9", "max_roots_per_prompt=3"]).chunk_slots == 9
     with pytest.raises(ValueError, match="set chunk_slots: 0 for search_qa"):
         load_config(TrainConfig, None, ["env=search_qa", "chunk_slots=64"])
