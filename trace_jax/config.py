@@ -289,9 +289,6 @@ class TrainConfig:
                              f"got {self.roots}")
         if self.continuations < 0 or self.max_per_anchor < 0 or self.chunk_slots < 0:
             raise ValueError("train.continuations, train.max_per_anchor and train.chunk_slots must be >= 0")
-        if self.chunk_slots and self.env == "search_qa":
-            raise ValueError("train.chunk_slots: chunked rollouts run only with JAX-native environments (hopworld) "
-                             "so far; set chunk_slots: 0 for search_qa")
         if self.max_roots_per_prompt == 1 or self.max_roots_per_prompt < 0:
             raise ValueError(f"train.max_roots_per_prompt must be 0 (no cap) or >= 2, got {self.max_roots_per_prompt}")
         if self.chunk_slots:

@@ -14,10 +14,12 @@ from toy import make_tree, tiny_env, trained_policy_state
 from trace_jax.allocation import Allocator, Plan
 from trace_jax.config import TrainConfig, load_config
 from trace_jax.envs.hopworld import protocol
+from trace_jax.envs.hopworld.host import HopWorldHost
 from trace_jax.evaluate import question_pool
 from trace_jax.rollout.chunks import check_chunk, chunk_bounds, expand_in_chunks
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import expand_tree
+from trace_jax.rollout.host import rollout_host_chunk
 from trace_jax.rollout.tree import Tree
 from trace_jax.train.chunked import ChunkedStep, make_step
 from trace_jax.train.loop import warm_up
@@ -80,8 +82,9 @@ def assert_same_tree(a: Tree, b: Tree) -> None:
 
 def test_chunked_step_equals_the_whole_step():
     """Uniform trees at M=8, N=2 (24 slots) in chunks of 12 slots, with a KL term and temperature 0.8: the same
-    tree as `expand`, loss and gradients of the whole tree within 1e-5, the same metrics, and the same predictor
-    warm-up. (The plan, pool and sampling of test_warmup's expansion: one compilation for both.)"""
+    tree as `expand` (with the environment in JAX or on the host), loss and gradients of the whole tree within
+    1e-5, the same metrics, and the same predictor warm-up. (The plan, pool and sampling of test_warmup's
+    expansion: one compilation for both.)"""
     graphdef, params = trained_policy_state()
     params = jax.tree.map(jnp.copy, params)
     tx = make_optimizer(1e-3, 1.0, head_learning_rate=1e-2)
@@ -101,6 +104,10 @@ def test_chunked_step_equals_the_whole_step():
     assert int(whole.is_continuation.sum()) == 16  # stage 2 placed every continuation, across both chunks
     assert_same_tree(whole, tree)
     np.testing.assert_allclose(pool_v, pool_v_c, atol=1e-6)
+    # with the environment on the host (search QA's path), chunk by chunk: the same tree again
+    host_tree, _, _, _ = expand_in_chunks(model, HopWorldHost(env), pool, key, plan=spec.plan, chunk_slots=12,
+                                          sampling=spec.sampling, pad_id=spec.pad_id, run_chunk=rollout_host_chunk)
+    assert_same_tree(whole, host_tree)
 
     @jax.jit
     def reference(state, tree):
@@ -127,7 +134,7 @@ def test_chunked_step_equals_the_whole_step():
 
     # the predictor warm-up of a run with chunk_slots rolls out the same uniform trees, chunk by chunk
     cfg = load_config(TrainConfig, None, ["roots=8", f"continuations={N}", "temperature=0.8", "warmup.batches=2",
-                                          "warmup.fit_steps=20"])
+                                          "warmup.fit_steps=20", "max_roots_per_prompt=4"])
     pools = lambda i: question_pool(env, np.arange(8 * i, 8 * i + 8))
     fresh = lambda: nnx.merge(graphdef, jax.tree.map(jnp.copy, trained_policy_state()[1]))  # params was donated
     report = warm_up(cfg, fresh(), env, pools)
@@ -154,5 +161,3 @@ def test_a_chunk_too_small_for_one_prompt_fails_before_any_work():
     with pytest.raises(ValueError, match=r"a warm-up prompt \(4 roots x 3 slots\) = 12 slots"):
         load_config(TrainConfig, None, ["chunk_slots=9", "max_roots_per_prompt=3", "warmup.group_size=4"])
     assert load_config(TrainConfig, None, ["chunk_slots=9", "max_roots_per_prompt=3"]).chunk_slots == 9
-    with pytest.raises(ValueError, match="set chunk_slots: 0 for search_qa"):
-        load_config(TrainConfig, None, ["env=search_qa", "chunk_slots=64"])

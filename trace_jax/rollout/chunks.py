@@ -14,6 +14,8 @@ chunks gives the tree `expand` samples under the same key, slot for slot.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +26,7 @@ from trace_jax.allocation import Plan, window
 from trace_jax.envs.base import JaxEnv
 from trace_jax.models.jit import jit_with_model
 from trace_jax.models.qwen3 import Policy
-from trace_jax.rollout.engine import SamplingConfig, run_turns
+from trace_jax.rollout.engine import Rollout, SamplingConfig, run_turns
 from trace_jax.rollout.expand import Pool, fork, join_phases, prefill_pool, start_roots
 from trace_jax.rollout.tree import Tree
 from trace_jax.sharding import constrain_rows
@@ -82,17 +84,14 @@ def allocate(model: Policy, pool: Pool, key: jax.Array, *, plan: Plan) -> tuple[
 allocate_roots = jit_with_model(allocate, static_argnames=("plan",))
 
 
-def rollout(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, prompt_of_slot: jax.Array,
-            first_root: jax.Array, end_root: jax.Array, first_cont: jax.Array, *, plan: Plan, chunk_roots: int,
-            sampling: SamplingConfig, pad_id: int, mesh: Mesh | None = None) -> tuple[Tree, dict[str, jax.Array]]:
-    """One chunk: root slots [first_root, end_root) of the step's prompt_of_slot [M] (whole prompts), then
-    their prompts' continuations, whose first takes the step's continuation slot first_cont.
-
-    Returns (tree [R * (1 + N)]: roots, then continuations with chunk-local parents; stats as `expand`'s,
-    plus slot_steps). The chunk prefills its root rows itself (R x P positions in fed_positions).
-    """
-    _, k_prefix, k_root_slots, k_cont_slots = jax.random.split(key, 4)
-    r, n = chunk_roots, plan.continuations
+def start_chunk(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, prompt_of_slot: jax.Array,
+                first_root: jax.Array, end_root: jax.Array, *, plan: Plan, chunk_roots: int, pad_id: int
+                ) -> tuple[Rollout, jax.Array]:
+    """A chunk's R root slots at the start of their episodes: slots [first_root, end_root) of the step's
+    prompt_of_slot [M] (whole prompts), the rest unused. Returns (roots, m [B]: their prompts' root counts).
+    The chunk prefills its root rows itself (R x P positions in fed_positions)."""
+    k_root_slots = jax.random.split(key, 4)[2]
+    r, b = chunk_roots, pool.lengths.shape[0]
     own = jnp.arange(r) < end_root - first_root
     prompt = jnp.where(own, window(prompt_of_slot, first_root, r), Tree.NO_PROMPT)
     src = jnp.maximum(prompt, 0)
@@ -100,15 +99,31 @@ def rollout(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, prompt_of_sl
     keys = window(jax.random.split(k_root_slots, plan.roots), first_root, r)
     ro = start_roots(model, env, rows, prefill_pool(model, rows), jnp.where(own, jnp.arange(r), Tree.NO_PROMPT),
                      keys, pad_id=pad_id)
-    ro = dataclasses.replace(ro, tree=dataclasses.replace(ro.tree, prompt=prompt))
+    m = jnp.zeros(b, jnp.int32).at[jnp.where(own, prompt, b)].add(1, mode="drop")
+    return dataclasses.replace(ro, tree=dataclasses.replace(ro.tree, prompt=prompt)), m
+
+
+def fork_chunk(model: Policy, env: JaxEnv, roots: Rollout, m: jax.Array, key: jax.Array, first_root: jax.Array,
+               first_cont: jax.Array, *, plan: Plan, pad_id: int) -> tuple[Rollout, jax.Array]:
+    """Stage 2 of a chunk's finished roots (its prompts' counts m [B]) and their R*N continuation slots, whose
+    first takes the step's continuation slot first_cont: (continuations, unplaced [])."""
+    _, k_prefix, _, k_cont_slots = jax.random.split(key, 4)
+    parent, branch_turn, unplaced = plan.continuation_slots(k_prefix, roots.tree, m, first_root)
+    keys = window(jax.random.split(k_cont_slots, plan.roots * plan.continuations), first_cont, parent.shape[0])
+    return fork(model, env, roots, parent, branch_turn, keys, pad_id=pad_id), unplaced
+
+
+def rollout(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, prompt_of_slot: jax.Array,
+            first_root: jax.Array, end_root: jax.Array, first_cont: jax.Array, *, plan: Plan, chunk_roots: int,
+            sampling: SamplingConfig, pad_id: int, mesh: Mesh | None = None) -> tuple[Tree, dict[str, jax.Array]]:
+    """One chunk in one program: `start_chunk`, its roots' turns, `fork_chunk`, the continuations' turns.
+    Returns (tree [R * (1 + N)]: roots, then continuations with chunk-local parents; stats as `expand`'s)."""
+    ro, m = start_chunk(model, env, pool, key, prompt_of_slot, first_root, end_root, plan=plan,
+                        chunk_roots=chunk_roots, pad_id=pad_id)
     phases = [run_turns(model, env, constrain_rows(ro, mesh), sampling=sampling)]
     unplaced = jnp.zeros((), jnp.int32)
-    if n:
-        b = pool.lengths.shape[0]
-        m = jnp.zeros(b, jnp.int32).at[jnp.where(own, prompt, b)].add(1, mode="drop")  # this chunk's prompts only
-        parent, branch_turn, unplaced = plan.continuation_slots(k_prefix, phases[0].tree, m, first_root)
-        keys = window(jax.random.split(k_cont_slots, plan.roots * n), first_cont, r * n)
-        cont = fork(model, env, phases[0], parent, branch_turn, keys, pad_id=pad_id)
+    if plan.continuations:
+        cont, unplaced = fork_chunk(model, env, phases[0], m, key, first_root, first_cont, plan=plan, pad_id=pad_id)
         phases.append(run_turns(model, env, constrain_rows(cont, mesh), sampling=sampling))
     tree, stats = join_phases(phases, unplaced)
     return constrain_rows(tree, mesh), stats
@@ -146,17 +161,18 @@ def combine_stats(chunks: list[Chunk]) -> dict[str, jax.Array]:
     return dict(total, utilisation=total["live_tokens"] / jnp.maximum(total["slot_steps"], 1))
 
 
-def expand_in_chunks(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan, chunk_slots: int,
-                     sampling: SamplingConfig, pad_id: int, mesh: Mesh | None = None
-                     ) -> tuple[Tree, jax.Array, dict[str, jax.Array], list[Chunk]]:
+def expand_in_chunks(model: Policy, env: Any, pool: Pool, key: jax.Array, *, plan: Plan, chunk_slots: int,
+                     sampling: SamplingConfig, pad_id: int, mesh: Mesh | None = None,
+                     run_chunk: Callable = rollout_chunk) -> tuple[Tree, jax.Array, dict[str, jax.Array], list[Chunk]]:
     """`expand` in chunks of at most chunk_slots slots: (tree [S], pool_v [B], stats, chunks), the tree and
-    pool_v those of `expand` under the same key (padding slots aside)."""
+    pool_v those of `expand` under the same key (padding slots aside). run_chunk: `rollout_chunk` for a JAX
+    environment, `rollout.host.rollout_host_chunk` for a host one."""
     r = check_chunk(plan, chunk_slots)
     prompt_of_slot, _, pool_v = allocate_roots(model, pool, key, plan=plan)
     chunks, first_cont = [], 0
     for lo, hi in chunk_bounds(np.asarray(prompt_of_slot), r):
-        tree, stats = rollout_chunk(model, env, pool, key, prompt_of_slot, lo, hi, first_cont, plan=plan,
-                                    chunk_roots=r, sampling=sampling, pad_id=pad_id, mesh=mesh)
+        tree, stats = run_chunk(model, env, pool, key, prompt_of_slot, lo, hi, first_cont, plan=plan,
+                                chunk_roots=r, sampling=sampling, pad_id=pad_id, mesh=mesh)
         chunks.append(Chunk(tree, lo, hi, first_cont, stats))
         first_cont += int(tree.is_continuation.sum())
     return place_chunks(chunks, plan.roots, plan.continuations, pad_id), pool_v, combine_stats(chunks), chunks

@@ -12,11 +12,13 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
 from trace_jax.allocation import Plan
 from trace_jax.envs.base import HostEnv
 from trace_jax.models.jit import jit_with_model
 from trace_jax.models.qwen3 import Policy
+from trace_jax.rollout.chunks import fork_chunk, start_chunk
 from trace_jax.rollout.engine import SamplingConfig, TurnSpec, host_turn_fns, run_turns_host
 from trace_jax.rollout.expand import Pool, join_phases, start_stage1, start_stage2
 from trace_jax.rollout.tree import Tree
@@ -48,6 +50,8 @@ class NoEnvState:
 
 _stage1 = jit_with_model(start_stage1, static_argnames=("plan", "pad_id"))
 _stage2 = jit_with_model(start_stage2, static_argnames=("plan", "pad_id"))
+_start_chunk = jit_with_model(start_chunk, static_argnames=("plan", "chunk_roots", "pad_id"))
+_fork_chunk = jit_with_model(fork_chunk, static_argnames=("plan", "pad_id"))
 _join = jax.jit(join_phases)
 
 
@@ -65,3 +69,23 @@ def expand_host(model: Policy, env: HostEnv, pool: Pool, key: jax.Array, *, plan
         phases.append(run_turns_host(generate, append, env, cont))
     tree, stats = _join(phases, unplaced)
     return tree, pool_v, stats
+
+
+def rollout_host_chunk(model: Policy, env: HostEnv, pool: Pool, key: jax.Array, prompt_of_slot: jax.Array,
+                       first_root: int, end_root: int, first_cont: int, *, plan: Plan, chunk_roots: int,
+                       sampling: SamplingConfig, pad_id: int, mesh: Mesh | None = None
+                       ) -> tuple[Tree, dict[str, jax.Array]]:
+    """`rollout.chunks.rollout` with `env` on the host (the `run_chunk` of `expand_in_chunks`): the chunk's roots
+    and their continuations, the same tree as the JAX environment's chunk. mesh: unused (the host path's
+    per-turn functions are not slot-sharded)."""
+    shape = NoEnvState.of(env)
+    generate, append = host_turn_fns(model, TurnSpec.of(env), sampling)
+    ro, m = _start_chunk(model, shape, pool, key, prompt_of_slot, first_root, end_root, plan=plan,
+                         chunk_roots=chunk_roots, pad_id=pad_id)
+    phases = [run_turns_host(generate, append, env, ro)]
+    unplaced = jnp.zeros((), jnp.int32)
+    if plan.continuations:
+        cont, unplaced = _fork_chunk(model, shape, phases[0], m, key, first_root, first_cont, plan=plan,
+                                     pad_id=pad_id)
+        phases.append(run_turns_host(generate, append, env, cont))
+    return _join(phases, unplaced)

@@ -74,15 +74,20 @@ class ChunkedStep:
                 aux[k] = jnp.maximum(aux.get(k, v), v) if k == "ratio_max_dev" else aux.get(k, 0.0) + share * v
         return loss, aux, grads
 
+    def update(self, state: TrainState, chunks: list[Chunk], tree: Tree, pool: Pool, pool_v: jax.Array,
+               stats: dict[str, jax.Array]) -> tuple[TrainState, dict[str, jax.Array]]:
+        """The update from a chunked expansion (`expand_in_chunks`), as `build_update`'s from the whole tree;
+        `state` is donated."""
+        loss, aux, grads = self.accumulate(state.params, state.ref_params, chunks)
+        return self._finish(state, grads, loss, aux, tree, pool, pool_v, stats)
+
     def __call__(self, state: TrainState, env: JaxEnv, pool: Pool, key: jax.Array
                  ) -> tuple[TrainState, dict[str, jax.Array]]:
         spec = self.spec
-        model = nnx.merge(self.graphdef, state.params)
         tree, pool_v, stats, chunks = expand_in_chunks(
-            model, env, pool, key, plan=spec.plan, chunk_slots=self.chunk_slots, sampling=spec.sampling,
-            pad_id=spec.pad_id, mesh=spec.mesh)
-        loss, aux, grads = self.accumulate(state.params, state.ref_params, chunks)
-        return self._finish(state, grads, loss, aux, tree, pool, pool_v, stats)
+            nnx.merge(self.graphdef, state.params), env, pool, key, plan=spec.plan, chunk_slots=self.chunk_slots,
+            sampling=spec.sampling, pad_id=spec.pad_id, mesh=spec.mesh)
+        return self.update(state, chunks, tree, pool, pool_v, stats)
 
 
 def make_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: StepSpec, chunk_slots: int = 0) -> Step:
