@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from toy import TINY_POLICY, tiny_env, trained_policy
+from trace_jax import sharding as shd
 from trace_jax.allocation import Allocator, Plan
+from trace_jax.config import MeshConfig
 from trace_jax.envs.hopworld import protocol
 from trace_jax.envs.hopworld.host import HopWorldHost
 from trace_jax.evaluate import question_pool
@@ -66,6 +68,14 @@ def test_host_expansion_equals_the_jitted_expansion():
     compiled = (generate_turn_jit.cache_size(), append_observation_jit.cache_size())
     expand_host(model, host, pool, jax.random.key(4), plan=plan, sampling=SamplingConfig(0.7), pad_id=protocol.PAD)
     assert (generate_turn_jit.cache_size(), append_observation_jit.cache_size()) == compiled  # compiled once
+    # data parallel: each turn's slots split over 4 devices, the same tree, and its rows stay split
+    mesh = shd.make_mesh(MeshConfig(data=-1, fsdp=1, tensor=1), jax.devices()[:4])
+    split, _, _ = expand_host(model, host, pool, key, plan=plan, sampling=SamplingConfig(0.7), pad_id=protocol.PAD,
+                              mesh=mesh)
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(split)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+    for leaf in jax.tree.leaves(split):
+        assert leaf.sharding.shard_shape(leaf.shape)[0] == leaf.shape[0] // 4, leaf.sharding
 
 
 def _first_stop(action: np.ndarray, ids: tuple[int, ...], sequences: tuple[tuple[int, ...], ...]) -> int:

@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from trace_jax.envs.base import HostEnv, JaxEnv
 from trace_jax.models.cache import KVCache
@@ -28,6 +29,7 @@ from trace_jax.models.jit import jit_with_model
 from trace_jax.models.qwen3 import ModelOutput, Policy
 from trace_jax.rollout.sampling import sample_tokens
 from trace_jax.rollout.tree import Tree
+from trace_jax.sharding import constrain_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,16 +203,30 @@ def run_turns(model: Policy, env: JaxEnv, ro: Rollout, *, sampling: SamplingConf
     return jax.lax.fori_loop(0, env.max_turns, turn_body, ro)
 
 
+def _generate_rows(model: Policy, ro: Rollout, *, spec: TurnSpec, sampling: SamplingConfig, mesh: Mesh | None
+                   ) -> tuple[Rollout, jax.Array, jax.Array]:
+    """`generate_turn` with its slots (in and out) split over the mesh's data axes."""
+    return constrain_rows(generate_turn(model, constrain_rows(ro, mesh), spec=spec, sampling=sampling), mesh)
+
+
+def _append_rows(model: Policy, ro: Rollout, obs: jax.Array, obs_len: jax.Array, reward: jax.Array,
+                 done: jax.Array, *, mesh: Mesh | None) -> Rollout:
+    """`append_observation` with its slots (in and out) split over the mesh's data axes."""
+    obs, obs_len, reward, done = constrain_rows((obs, obs_len, reward, done), mesh)
+    return constrain_rows(append_observation(model, constrain_rows(ro, mesh), obs, obs_len, reward, done), mesh)
+
+
 # the rollout argument is donated: a host loop replaces it with the result every turn
-generate_turn_jit = jit_with_model(generate_turn, static_argnames=("spec", "sampling"), donate_first=True)
-append_observation_jit = jit_with_model(append_observation, donate_first=True)
+generate_turn_jit = jit_with_model(_generate_rows, static_argnames=("spec", "sampling", "mesh"), donate_first=True)
+append_observation_jit = jit_with_model(_append_rows, static_argnames=("mesh",), donate_first=True)
 
 
-def host_turn_fns(model: Policy, spec: TurnSpec, sampling: SamplingConfig):
+def host_turn_fns(model: Policy, spec: TurnSpec, sampling: SamplingConfig, mesh: Mesh | None = None):
     """(generate, append) for `run_turns_host`: `generate_turn` and `append_observation` over this
-    model (split once), compiled once per (model graph, shapes, spec, sampling) and called from Python."""
-    return (functools.partial(generate_turn_jit.bind(model), spec=spec, sampling=sampling),
-            append_observation_jit.bind(model))
+    model (split once), compiled once per (model graph, shapes, spec, sampling, mesh) and called from Python;
+    mesh: each turn's slots are split over its data axes."""
+    return (functools.partial(generate_turn_jit.bind(model), spec=spec, sampling=sampling, mesh=mesh),
+            functools.partial(append_observation_jit.bind(model), mesh=mesh))
 
 
 def run_turns_host(generate: Callable[[Rollout], tuple[Rollout, jax.Array, jax.Array]],

@@ -56,11 +56,11 @@ _join = jax.jit(join_phases)
 
 
 def expand_host(model: Policy, env: HostEnv, pool: Pool, key: jax.Array, *, plan: Plan, sampling: SamplingConfig,
-                pad_id: int) -> tuple[Tree, jax.Array, dict[str, jax.Array]]:
+                pad_id: int, mesh: Mesh | None = None) -> tuple[Tree, jax.Array, dict[str, jax.Array]]:
     """`expand` with `env` on the host: (tree [S], pool_v [B], stats), equal to `expand` of the same
-    environment written in JAX under the same key."""
+    environment written in JAX under the same key. mesh: each turn's slots are split over its data axes."""
     shape = NoEnvState.of(env)
-    generate, append = host_turn_fns(model, TurnSpec.of(env), sampling)
+    generate, append = host_turn_fns(model, TurnSpec.of(env), sampling, mesh)
     ro, pool_v, m = _stage1(model, shape, pool, key, plan=plan, pad_id=pad_id)
     phases = [run_turns_host(generate, append, env, ro)]
     unplaced = jnp.zeros((), jnp.int32)
@@ -76,10 +76,10 @@ def rollout_host_chunk(model: Policy, env: HostEnv, pool: Pool, key: jax.Array, 
                        sampling: SamplingConfig, pad_id: int, mesh: Mesh | None = None
                        ) -> tuple[Tree, dict[str, jax.Array]]:
     """`rollout.chunks.rollout` with `env` on the host (the `run_chunk` of `expand_in_chunks`): the chunk's roots
-    and their continuations, the same tree as the JAX environment's chunk. mesh: unused (the host path's
-    per-turn functions are not slot-sharded)."""
+    and their continuations, the same tree as the JAX environment's chunk. mesh: each turn's slots are split
+    over its data axes."""
     shape = NoEnvState.of(env)
-    generate, append = host_turn_fns(model, TurnSpec.of(env), sampling)
+    generate, append = host_turn_fns(model, TurnSpec.of(env), sampling, mesh)
     ro, m = _start_chunk(model, shape, pool, key, prompt_of_slot, first_root, end_root, plan=plan,
                          chunk_roots=chunk_roots, pad_id=pad_id)
     phases = [run_turns_host(generate, append, env, ro)]
