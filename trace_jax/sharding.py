@@ -95,6 +95,13 @@ def batch_sharding(shape: Sequence[int], mesh: Mesh, rules: Rules | None = None)
     return NamedSharding(mesh, logical_spec(axes, shape, mesh, rules))
 
 
+def data_parallel_size(mesh: Mesh | None, rules: Rules | None = None) -> int:
+    """Devices the rows (slots) of a batch are split over: the product of the batch axes' sizes (1 without a mesh)."""
+    if mesh is None:
+        return 1
+    return int(np.prod([mesh.shape[ax] for ax in (RULES if rules is None else rules)["batch"]]))
+
+
 def constrain_rows(tree, mesh: Mesh | None, rules: Rules | None = None):
     """Inside jit: every array leaf [rows, ...] of `tree` split by rows over the batch axes (KV caches: heads
     over tensor too); scalars stay replicated. The identity without a mesh."""

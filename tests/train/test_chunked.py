@@ -151,6 +151,10 @@ def test_a_chunk_too_small_for_one_prompt_fails_before_any_work():
     with pytest.raises(ValueError, match="raise chunk_slots to at least 12"):
         check_chunk(Plan(Allocator("grpo", group_size=4), roots=16, continuations=2), 11)
     assert check_chunk(Plan(Allocator("grpo", group_size=4), roots=16, continuations=0), 9) == 9
+    # on 8 data-parallel devices: 30 slots hold 10 roots x 3, rounded down to 8 so each device rolls out one
+    assert check_chunk(Plan(Allocator("uniform_tree", group_size=2), roots=16, continuations=2), 30, 8) == 8
+    with pytest.raises(ValueError, match=r"27 slots; raise chunk_slots to at least 48 \(chunks hold a multiple of 8"):
+        check_chunk(Plan(Allocator("uniform_tree", group_size=9), roots=18, continuations=2), 27, 8)
     with pytest.raises(ValueError, match="max_roots_per_prompt must be 0"):
         load_config(TrainConfig, None, ["max_roots_per_prompt=1"])
     with pytest.raises(ValueError, match="chunk_slots must be >= 0"):

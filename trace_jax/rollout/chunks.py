@@ -29,7 +29,7 @@ from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import Rollout, SamplingConfig, run_turns
 from trace_jax.rollout.expand import Pool, fork, join_phases, prefill_pool, start_roots
 from trace_jax.rollout.tree import Tree
-from trace_jax.sharding import constrain_rows
+from trace_jax.sharding import constrain_rows, data_parallel_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,17 +44,24 @@ class Chunk:
     stats: dict[str, jax.Array]
 
 
-def check_chunk(plan: Plan, chunk_slots: int) -> int:
-    """R, the root slots of a chunk of `chunk_slots` slots; fails when one prompt's tree cannot fit."""
+def check_chunk(plan: Plan, chunk_slots: int, rows_multiple: int = 1) -> int:
+    """R, the root slots of a chunk of `chunk_slots` slots, rounded down to a multiple of rows_multiple (the
+    data-parallel size: each device then rolls out an equal share) where that leaves any; fails when one
+    prompt's tree cannot fit."""
     per_root = 1 + plan.continuations
     largest = plan.allocator.largest_group(plan.roots)
-    if chunk_slots < largest * per_root:
+    r = min(chunk_slots // per_root, plan.roots)
+    if r >= rows_multiple:
+        r -= r % rows_multiple
+    if r < largest:
+        least = largest if largest < rows_multiple else -(-largest // rows_multiple) * rows_multiple
         raise ValueError(
             f"chunk_slots={chunk_slots} cannot hold one prompt's tree: {plan.allocator.name} may give a prompt "
             f"{largest} root rollouts, each with N={plan.continuations} continuations, {largest * per_root} slots; "
-            f"raise chunk_slots to at least {largest * per_root}"
+            f"raise chunk_slots to at least {least * per_root}"
+            + (f" (chunks hold a multiple of {rows_multiple} roots, the data-parallel size)" if least > largest else "")
             + (" or lower max_roots_per_prompt" if plan.allocator.root_rule == "trace" else ""))
-    return min(chunk_slots // per_root, plan.roots)
+    return r
 
 
 def chunk_bounds(prompt_of_slot: np.ndarray, chunk_roots: int) -> list[tuple[int, int]]:
@@ -167,7 +174,7 @@ def expand_in_chunks(model: Policy, env: Any, pool: Pool, key: jax.Array, *, pla
     """`expand` in chunks of at most chunk_slots slots: (tree [S], pool_v [B], stats, chunks), the tree and
     pool_v those of `expand` under the same key (padding slots aside). run_chunk: `rollout_chunk` for a JAX
     environment, `rollout.host.rollout_host_chunk` for a host one."""
-    r = check_chunk(plan, chunk_slots)
+    r = check_chunk(plan, chunk_slots, data_parallel_size(mesh))
     prompt_of_slot, _, pool_v = allocate_roots(model, pool, key, plan=plan)
     chunks, first_cont = [], 0
     for lo, hi in chunk_bounds(np.asarray(prompt_of_slot), r):

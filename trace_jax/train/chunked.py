@@ -21,7 +21,7 @@ from trace_jax.objectives import node_targets
 from trace_jax.rollout.chunks import Chunk, check_chunk, expand_in_chunks
 from trace_jax.rollout.expand import Pool
 from trace_jax.rollout.tree import Tree
-from trace_jax.sharding import constrain_rows
+from trace_jax.sharding import constrain_rows, data_parallel_size
 from trace_jax.train.step import StepSpec, TrainState, apply_update, build_step, tree_grads, tree_metrics
 
 Step = Callable[[TrainState, JaxEnv, Pool, jax.Array], tuple[TrainState, dict[str, jax.Array]]]
@@ -38,7 +38,7 @@ class ChunkedStep:
 
     def __init__(self, graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: StepSpec, chunk_slots: int):
         self.graphdef, self.spec, self.chunk_slots = graphdef, spec, chunk_slots
-        check_chunk(spec.plan, chunk_slots)
+        check_chunk(spec.plan, chunk_slots, data_parallel_size(spec.mesh))
 
         def grads(params: nnx.State, ref_params: nnx.State | None, tree: Tree, policy_share: jax.Array,
                   predictor_share: jax.Array):
