@@ -1,0 +1,176 @@
+"""The analytic model of one training step's per-chip bytes: each term is the arrays the code allocates, sized
+with the logical axes and rules of `sharding.py` (rows over data x fsdp, heads / mlp / vocab over tensor, a mesh
+axis that does not divide a dimension dropped), never a fitted constant. Letters: see `rollout/tree.py`.
+
+The step (`train.step.build_step`; the host path's `rollout.host` + `build_update` holds the same arrays) lives
+in two phases that never overlap, beside state that lives throughout:
+  state     the policy's parameters (+ the frozen reference when kl_coef > 0), Adam's two moments per parameter
+            (both optimizer groups), the rollout tree of all S slots;
+  rollout   stage 1 (the pool's prefill cache [B, P] and the roots' cache [M, L], the prefill's temporaries),
+            then the turns (the KV cache of every slot, [S, L], and the observation forward's temporaries);
+  loss      what autodiff saves for the backward of every layer over [S, L] (attention scores are
+            [S, heads, L, L]), the loss head's [S, L, V] float32 arrays, the gradients.
+Peak per chip = state + max(rollout, loss). With `chunk_slots` (`train.chunked`), the rollout and the loss hold a
+chunk's slots instead of all S; the tree stays whole. XLA's fusion (which drops some residuals) and its scratch are not
+modelled: `tests/test_memory_plan.py` measures the model against XLA's buffer assignment of the compiled step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Sequence
+
+from jax.sharding import AbstractMesh
+
+from trace_jax.models.config import ModelConfig
+from trace_jax.sharding import logical_spec
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    """The static shapes of one training step, read off a TrainConfig."""
+
+    model: ModelConfig
+    model_source: str  # where the dims come from (sft.model, a config.json, or a named preset)
+    pool: int  # B prompts prefilled per step
+    prompt_width: int  # P
+    roots: int  # M root rollouts
+    continuations: int  # N per root (0: none)
+    largest_group: int  # the most root rollouts one prompt can get (G, or TRACE's max_roots_per_prompt, or M)
+    max_turns: int  # T
+    slot_len: int  # L = P + T * (A + O)
+    obs_len: int  # O tokens fed per observation
+    reference: bool  # a frozen reference copy of the policy (kl_coef > 0)
+
+    @property
+    def slots(self) -> int:
+        """S = M * (1 + N) slots of the whole tree."""
+        return self.roots * (1 + self.continuations)
+
+    @property
+    def prompt_slots(self) -> int:
+        """Slots of the largest tree one prompt can get: a chunk holds whole prompts, so none is smaller."""
+        return self.largest_group * (1 + self.continuations)
+
+
+class Sizer:
+    """Per-chip bytes of arrays given by (shape, logical axes, bytes per element) on a (data, fsdp, tensor) mesh,
+    with `sharding.RULES` and its drop rule."""
+
+    def __init__(self, mesh: Sequence[int]) -> None:
+        self.mesh = AbstractMesh(tuple(mesh), ("data", "fsdp", "tensor"))
+
+    def __call__(self, shape: Sequence[int], axes: Sequence[str | None], itemsize: float) -> float:
+        split = 1
+        for entry in logical_spec(axes, shape, self.mesh):
+            for ax in (entry,) if isinstance(entry, str) else (entry or ()):
+                split *= self.mesh.shape[ax]
+        return math.prod(shape) * itemsize / split
+
+
+@functools.lru_cache(maxsize=32)
+def param_bytes(model: ModelConfig, mesh: tuple[int, int, int]) -> float:
+    """Per-chip bytes of the policy's parameters, from the shapes and axes `models.qwen3.Policy` creates. The layers
+    are identical, so a 1-layer and a 2-layer policy give everything: the rest, plus num_layers x one layer."""
+    one, two = (_param_bytes(dataclasses.replace(model, num_layers=n), mesh) for n in (1, 2))
+    return one + (model.num_layers - 1) * (two - one)
+
+
+def _param_bytes(model: ModelConfig, mesh: tuple[int, int, int]) -> float:
+    import jax
+    from flax import nnx
+
+    from trace_jax.models.qwen3 import Policy
+
+    size = Sizer(mesh)
+    abstract = nnx.state(nnx.eval_shape(lambda: Policy(model, nnx.Rngs(0))))
+    total = 0.0
+    for var in jax.tree.leaves(abstract, is_leaf=lambda x: isinstance(x, nnx.Variable)):
+        value = var.get_value()
+        axes = var.get_metadata().get("axes") or (None,) * len(value.shape)
+        total += size(value.shape, axes, value.dtype.itemsize)
+    return total
+
+
+def layer_residuals(model: ModelConfig, rows: int, positions: int, size: Sizer) -> float:
+    """Per-chip bytes autodiff saves for the backward of one decoder layer (`models.qwen3.DecoderLayer`) over
+    [rows, positions] tokens (keys: the same positions), line by line of its code; c: the compute dtype.
+      each RMSNorm of the residual stream: x in float32, y in c, the weighted y in c -> 2 x [rows, positions, D]
+      q_norm / k_norm: the head in float32 and in c; rope: cos and sin [rows, positions, 1, head_dim] in c (x2)
+      q (reshaped into KV groups), k after rope, v, the attention output: [rows, positions, heads, head_dim] in c
+      scores after the causal mask and their exp in float32, the mask (bool), the probabilities in c:
+        [rows, heads, positions, positions] each
+      the MLP's gate, up, silu (three saved values) and their product in c: 6 x [rows, positions, mlp]
+    plus [rows, positions, heads] float32 reductions of the norms and softmax. With param_dtype != dtype the
+    weights' compute-dtype copies are saved too (counted by `activation_bytes`)."""
+    m, c = model, _itemsize(model.dtype)
+    d, f, hd, nq, nk = m.hidden_size, m.intermediate_size, m.head_dim, m.num_heads, m.num_kv_heads
+    rp = (rows, positions)
+    tok = ("batch", "seq")
+    stream = 2 * size((*rp, d), (*tok, None), 4 + 2 * c) + 4 * size(rp, tok, 4)
+    q = size((*rp, nq, hd), (*tok, "q_heads", "head_dim"), 4 + 3 * c) + 2 * size((*rp, nq), (*tok, "q_heads"), 4)
+    k = size((*rp, nk, hd), (*tok, "kv_heads", "head_dim"), 4 + 3 * c) + 2 * size((*rp, nk), (*tok, "kv_heads"), 4)
+    rope = 4 * size((*rp, hd), (*tok, "head_dim"), c)
+    scores = size((rows, nq, positions, positions), ("batch", "q_heads", "seq", "cache_seq"), 4 + 4 + 1 + c)
+    softmax = 2 * size((rows, nq, positions), ("batch", "q_heads", "seq"), 4)
+    mlp = 6 * size((*rp, f), (*tok, "mlp"), c)
+    return stream + q + k + rope + scores + softmax + mlp
+
+
+def activation_bytes(shape: StepShape, rows: int, size: Sizer, policy_params: float) -> float:
+    """Per-chip bytes of the loss phase over `rows` slots: every layer's residuals (`layer_residuals`), the final
+    norm, the loss head's four float32 [rows, L, V] arrays (the logits, their log-softmax saved for the
+    backward, the entropy's exp(log p) and the logits' cotangent), the gradients (policy-sized; twice in chunks,
+    `train.chunked` adds each chunk's to the running sum), and the weights' compute-dtype copies when they are
+    stored in another dtype."""
+    m, length = shape.model, shape.slot_len
+    layers = m.num_layers * layer_residuals(m, rows, length, size)
+    norm = size((rows, length, m.hidden_size), ("batch", "seq", None), 4 + 2 * _itemsize(m.dtype))
+    head = 4 * size((rows, length, m.vocab_size), ("batch", "seq", "vocab"), 4)
+    casts = policy_params * _itemsize(m.dtype) / _itemsize(m.param_dtype) if m.dtype != m.param_dtype else 0.0
+    grads = policy_params * (2 if rows < shape.slots else 1)
+    return layers + norm + head + grads + casts
+
+
+def kv_bytes(model: ModelConfig, rows: int, positions: int, size: Sizer) -> float:
+    """Per-chip bytes of a `models.cache.KVCache` of `rows` x `positions`: k and v, every layer, compute dtype."""
+    shape = (rows, positions, model.num_kv_heads, model.head_dim)
+    axes = ("batch", "cache_seq", "kv_heads", "head_dim")
+    return 2 * model.num_layers * size(shape, axes, _itemsize(model.dtype))
+
+
+def forward_temps(model: ModelConfig, rows: int, fed: int, keys: int, size: Sizer) -> float:
+    """Per-chip bytes of one cached forward's temporaries (`models.qwen3.Policy.__call__` with a cache, no
+    gradient). Inside a layer: the attention scores and probabilities [rows, heads, fed, keys] (float32 x 2, the
+    mask) and the layer's keys, then its values, relaid out for the attention einsums ([rows, kv_heads, keys,
+    head_dim], one at a time; the cache's layout is [rows, keys, kv_heads, head_dim]); they die before the head's
+    float32 logits [rows, fed, V] are made, so the larger of the two."""
+    logits = size((rows, fed, model.vocab_size), ("batch", "seq", "vocab"), 4)
+    attn = size((rows, model.num_heads, fed, keys), ("batch", "q_heads", "seq", "cache_seq"), 4 + 4 + 1)
+    relaid = size((rows, model.num_kv_heads, keys, model.head_dim), ("batch", "kv_heads", "cache_seq", "head_dim"),
+                  _itemsize(model.dtype))
+    return max(logits, attn + relaid)
+
+
+def step_bytes(shape: StepShape, slots: int, mesh: Sequence[int]) -> dict[str, float]:
+    """Per-chip bytes of each term of the step when `slots` slots are in flight (rollout and loss alike)."""
+    size, m, length = Sizer(mesh), shape.model, shape.slot_len
+    policy = param_bytes(m, tuple(mesh))
+    roots = slots // (1 + shape.continuations)  # a chunk's R roots (all M at S slots), then R * N continuations
+    turn_rows = max(roots, slots - roots)
+    stage1 = kv_bytes(m, shape.pool, shape.prompt_width, size) + kv_bytes(m, roots, length, size)
+    stage1_temps = forward_temps(m, shape.pool, shape.prompt_width, shape.prompt_width, size)
+    turns = kv_bytes(m, slots, length, size)
+    turn_temps = forward_temps(m, turn_rows, shape.obs_len, length, size)
+    tree = (size((shape.slots, length), ("batch", "seq"), 4 + 1 + 4)
+            + size((shape.slots, shape.max_turns, m.hidden_size), ("batch", None, None), _itemsize(m.dtype)))
+    return {"params_bytes": policy * (2 if shape.reference else 1), "optimizer_bytes": 2 * policy,
+            "tree_bytes": tree, "kv_cache_bytes": max(stage1, turns),
+            "rollout_bytes": max(stage1 + stage1_temps, turns + turn_temps),
+            "activation_bytes": activation_bytes(shape, slots, size, policy)}
+
+
+def _itemsize(dtype: str) -> int:
+    return {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
