@@ -11,18 +11,20 @@
 # Options (each also read from the environment variable in brackets):
 #   --name NAME        TPU VM name                        [TPU_NAME, default trace-jax]
 #   --zone ZONE        zone                               [TPU_ZONE, default us-east5-b]
-#   --type TYPE        accelerator type                   [TPU_TYPE, default v5litepod-8: one host]
+#   --type TYPE        accelerator type                   [TPU_TYPE, default v5litepod-8: one host; larger: several]
 #   --version VERSION  TPU software version               [TPU_VERSION, default: the type's base image]
 #   --project PROJECT  Google Cloud project               [TPU_PROJECT, default: gcloud's configured one]
 #   --spot             spot capacity (preemptible); --reserved: a reservation
 #   --queued           create through a queued resource (waits for capacity)
 #   --config FILE      YAML config for `trace-jax train`  [TPU_CONFIG]
 #   --run-dir DIR      where the run writes on the VM      [TPU_RUN_DIR, default runs/tpu; a local path]
+#   --checkpoint-dir D orbax checkpoints, e.g. gs://BUCKET/run  [TPU_CHECKPOINT_DIR, default RUN_DIR/checkpoints;
+#                      a multi-host type needs a gs:// path, which every worker writes]
 #   --resume           train: continue the run in --run-dir from its newest checkpoint (after a preemption)
 #   --dry-run          print the gcloud commands instead of running them
 #
-# One host only for now: the training loop does not join hosts through jax.distributed yet, so a multi-host
-# type (e.g. v5litepod-16, v4-16) is refused. See launch/README.md.
+# A multi-host type (e.g. v5litepod-16, v4-16) runs `trace-jax train --multi-host` on every worker: they join
+# through jax.distributed (found automatically on a TPU VM) and train as one run. See launch/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +35,7 @@ version=${TPU_VERSION:-}
 project=${TPU_PROJECT:-}
 config=${TPU_CONFIG:-}
 run_dir=${TPU_RUN_DIR:-runs/tpu}
+checkpoint_dir=${TPU_CHECKPOINT_DIR:-}
 capacity=""
 queued=0
 resume=0
@@ -56,6 +59,7 @@ while [ $# -gt 0 ]; do
     --project) project=${2:?--project needs a value}; shift 2 ;;
     --config) config=${2:?--config needs a value}; shift 2 ;;
     --run-dir) run_dir=${2:?--run-dir needs a value}; shift 2 ;;
+    --checkpoint-dir) checkpoint_dir=${2:?--checkpoint-dir needs a value}; shift 2 ;;
     --spot) capacity=--spot; shift ;;
     --reserved) capacity=--reserved; shift ;;
     --queued) queued=1; shift ;;
@@ -79,9 +83,13 @@ esac
 version=${version:-$default_version}
 size=${type##*-}
 [[ $size =~ ^[0-9]+$ ]] || die "accelerator type '$type' does not end in a size"
+multi_host=0
 if [ "$size" -gt 8 ]; then
-  die "$type is a multi-host slice; multi-host training is not supported yet: use ${type%-*}-8 or smaller" \
-      "(see launch/README.md)"
+  multi_host=1
+  if [ "$command" = up ] || [ "$command" = train ]; then
+    [[ $checkpoint_dir == gs://* ]] || die "$type is a multi-host slice: every worker writes its shards of each" \
+      "checkpoint, so pass --checkpoint-dir gs://BUCKET/PATH (a path all workers reach)"
+  fi
 fi
 if [ -n "$config" ] && [ ! -f "$config" ]; then
   die "config file '$config' not found"
@@ -112,18 +120,21 @@ install() {
   run gcloud compute tpus tpu-vm scp "$archive" "$name:trace-jax.tar.gz" "${where[@]}" --worker=all
   ssh_all "set -e; rm -rf $remote_dir; mkdir -p $remote_dir; tar -xzf trace-jax.tar.gz -C $remote_dir; \
 cd $remote_dir; python3 -m venv .venv; .venv/bin/pip install -q --upgrade pip; \
-.venv/bin/pip install -q -e . 'jax[tpu]'; .venv/bin/python -c 'import jax; print(jax.devices())'"
+.venv/bin/pip install -q -e '.[gcs]' 'jax[tpu]'; .venv/bin/python -c 'import jax; print(jax.devices())'"
   [ "$dry" = 1 ] || rm -f "$archive"
 }
 
 train() {
   local cmd=(.venv/bin/trace-jax train)
   [ "$resume" = 1 ] && cmd+=(--resume)
+  [ "$multi_host" = 1 ] && cmd+=(--multi-host)
   if [ -n "$config" ]; then
     run gcloud compute tpus tpu-vm scp "$config" "$name:$remote_dir/launch_config.yaml" "${where[@]}" --worker=all
     cmd+=(--config launch_config.yaml)
   fi
-  cmd+=("out_dir=$run_dir" "${overrides[@]}")
+  cmd+=("out_dir=$run_dir")
+  [ -n "$checkpoint_dir" ] && cmd+=("checkpoint_dir=$checkpoint_dir")
+  cmd+=("${overrides[@]}")
   local quoted
   quoted=$(printf '%q ' "${cmd[@]}")
   ssh_all "cd $remote_dir && mkdir -p logs && nohup $quoted > logs/train.log 2>&1 &"

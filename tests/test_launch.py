@@ -43,7 +43,7 @@ def test_tpu_pod_dry_run_prints_the_gcloud_commands():
     assert archive[:2] == ["git", "archive"] and archive[-1] == "HEAD"
     assert scp[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "scp", archive[4]] and "--worker=all" in scp
     assert install[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "exp1"] and "--worker=all" in install
-    assert "pip install -q -e . 'jax[tpu]'" in install[-1]
+    assert "pip install -q -e '.[gcs]' 'jax[tpu]'" in install[-1]
     assert "--worker=all" in train and "trace-jax train out_dir=runs/tpu steps=5 allocator=grpo" in train[-1]
     assert "--worker=0" in logs and "logs/train.log" in logs[-1]
     queued = commands(launch("launch/tpu_pod.sh", "create", "--queued", "--reserved", "--dry-run").stdout)
@@ -56,8 +56,22 @@ def test_tpu_pod_dry_run_prints_the_gcloud_commands():
         ["gcloud", "compute", "tpus", "tpu-vm", "delete", "trace-jax", "--zone", "us-east5-b", "--quiet"]]
 
 
+def test_tpu_pod_multi_host_slice_trains_on_every_worker_joined_automatically():
+    result = launch("launch/tpu_pod.sh", "up", "--dry-run", "--type", "v5litepod-16", "--checkpoint-dir",
+                    "gs://bucket/exp1", "--", "steps=5")
+    assert result.returncode == 0, result.stderr
+    create, _, _, install, train, _ = commands(result.stdout)
+    assert create[create.index("--accelerator-type") + 1] == "v5litepod-16"
+    assert "pip install -q -e '.[gcs]' 'jax[tpu]'" in install[-1]
+    assert "--worker=all" in train
+    assert "trace-jax train --multi-host out_dir=runs/tpu checkpoint_dir=gs://bucket/exp1 steps=5" in train[-1]
+    one_host = commands(launch("launch/tpu_pod.sh", "train", "--dry-run", "--type", "v6e-8").stdout)
+    assert "--multi-host" not in one_host[0][-1] and "checkpoint_dir" not in one_host[0][-1]
+
+
 @pytest.mark.parametrize("args, message", [
-    (["up", "--type", "v5litepod-16"], "v5litepod-16 is a multi-host slice"),
+    (["up", "--type", "v5litepod-16"], "v5litepod-16 is a multi-host slice: every worker writes"),
+    (["train", "--type", "v4-32", "--checkpoint-dir", "runs/ckpt"], "pass --checkpoint-dir gs://BUCKET/PATH"),
     (["up", "--type", "a100-8"], "unknown accelerator type 'a100-8'"),
     (["up", "--zonee", "x"], "unknown option '--zonee'"),
     (["launch"], "unknown command 'launch'"),

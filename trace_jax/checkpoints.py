@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
+import os
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 
 from trace_jax.models.config import ModelConfig
 from trace_jax.models.qwen3 import Policy
 
 
-def _manager(directory: str | Path) -> ocp.CheckpointManager:
-    return ocp.CheckpointManager(Path(directory).absolute(), item_names=("model", "model_config"))
+def checkpoint_path(directory: str | os.PathLike) -> epath.Path:
+    """`directory` as orbax's path type: a URL (gs://bucket/x) kept as it is, a local path made absolute."""
+    text = os.fspath(directory)
+    return epath.Path(text if "://" in text else os.path.abspath(text))
 
 
-def save_model(directory: str | Path, step: int, model: Policy) -> None:
+def _manager(directory: str | os.PathLike) -> ocp.CheckpointManager:
+    return ocp.CheckpointManager(checkpoint_path(directory), item_names=("model", "model_config"))
+
+
+def save_model(directory: str | os.PathLike, step: int, model: Policy) -> None:
     """Save `model`'s parameters and config as step `step` under `directory`."""
     with _manager(directory) as mngr:
         mngr.save(step, args=ocp.args.Composite(
@@ -27,12 +34,13 @@ def save_model(directory: str | Path, step: int, model: Policy) -> None:
         mngr.wait_until_finished()
 
 
-def load_model(directory: str | Path, step: int | None = None,
+def load_model(directory: str | os.PathLike, step: int | None = None,
                mesh: jax.sharding.Mesh | None = None) -> Policy:
-    """Restore the policy saved at `step` (default: latest), sharded on `mesh` if given."""
+    """Restore the policy saved at `step` (default: latest), sharded on `mesh` if given, else on this process's
+    first device."""
     from trace_jax import sharding as shd
 
-    directory = Path(directory)
+    directory = checkpoint_path(directory)
     if not directory.is_dir():
         raise FileNotFoundError(f"{directory}: no checkpoint directory")
     with _manager(directory) as mngr:
@@ -47,8 +55,10 @@ def load_model(directory: str | Path, step: int | None = None,
             shardings = shd.param_shardings(abstract, mesh)
             target = jax.tree.map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s),
                                   nnx.to_pure_dict(abstract), nnx.to_pure_dict(shardings))
-        else:
-            target = nnx.to_pure_dict(abstract)
+        else:  # on this process's first device (a multi-host restore needs a sharding for every array)
+            device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            target = jax.tree.map(lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=device),
+                                  nnx.to_pure_dict(abstract))
         restored = mngr.restore(step, args=ocp.args.Composite(model=ocp.args.StandardRestore(target)))
     nnx.replace_by_pure_dict(abstract, restored["model"])
     return nnx.merge(graphdef, abstract)

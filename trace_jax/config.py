@@ -268,6 +268,7 @@ class TrainConfig:
     seed: int = 0  # prompts, rollouts, warm-up and evaluation keys all derive from it
     init_checkpoint: str = "runs/hopworld_sft/checkpoints"  # built with `sft` settings if missing
     out_dir: str = "runs/hopworld_trace"  # metrics, plots, checkpoints and the final policy
+    checkpoint_dir: str = ""  # orbax checkpoints ("": out_dir/checkpoints); several hosts: one all reach, gs://b/x
     data_dir: str = "artifacts/tfds"  # TFDS data (built on first use)
 
     def __post_init__(self) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
+from trace_jax import sharding as shd
 from trace_jax.envs.hopworld import HopWorldConfig, World, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.models.qwen3 import Policy
@@ -45,7 +46,7 @@ def rollout_questions(model: Policy, env: HopWorldEnv, question_ids: Sequence[in
         rows = np.concatenate([np.arange(lo, lo + n), np.full(pad, lo)])
         tree = rollout_prompts(model, env, question_pool(env, question_ids[rows]), jax.random.fold_in(key, i),
                                sampling=sampling, pad_id=protocol.PAD, mesh=mesh)
-        tree = jax.tree.map(lambda x, n=n: np.asarray(x)[:n], jax.device_get(tree))
+        tree = jax.tree.map(lambda x, n=n: x[:n], shd.to_host(tree))
         parts.append(dataclasses.replace(tree, prompt=tree.prompt + lo))
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 

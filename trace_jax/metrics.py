@@ -51,17 +51,23 @@ class MetricsLogger:
 
     Both files are flushed (and the event file fsynced) on every `log`, so killing the process
     loses nothing already logged. Keys become TensorBoard tags as is ('eval/success_hop2').
+    `append(name, record)` adds a line to another JSONL file of the run.
 
     Without `resume_from_step` an existing `metrics.jsonl` is appended to. With
     `resume_from_step=k` its lines with step > k are dropped first, so a run resumed from the
     checkpoint at step k does not repeat steps logged after it before a crash. TensorBoard events
     go to a new event file that starts with a restart marker at step k + 1: TensorBoard then hides
     the older files' events at steps > k (and in any case shows the latest value per step).
+
+    With `active=False` (the processes of a multi-host run other than 0) it writes nothing at all.
     """
 
-    def __init__(self, out_dir: str | Path, resume_from_step: int | None = None):
+    def __init__(self, out_dir: str | Path, resume_from_step: int | None = None, active: bool = True):
         self.out_dir = Path(out_dir)
         self.path = self.out_dir / METRICS_FILE
+        self.active = active
+        if not active:
+            return
         tb_dir = self.out_dir / TENSORBOARD_DIR
         tb_dir.mkdir(parents=True, exist_ok=True)
         rewind_jsonl(self.path, resume_from_step)
@@ -80,6 +86,8 @@ class MetricsLogger:
         if "step" in metrics:
             raise ValueError("'step' is reserved; pass it as the step argument")
         values = {key: _scalar(key, value) for key, value in metrics.items()}
+        if not self.active:
+            return
         record = {"step": int(step)} | {k: v if math.isfinite(v) else None for k, v in values.items()}
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
@@ -91,13 +99,21 @@ class MetricsLogger:
         """Writes a TensorBoard histogram of `values` (any shape) at `step` (TensorBoard only, not the JSONL)."""
         from tensorboardX.summary import histogram
 
+        if not self.active:
+            return
         self._events.write_event(Event(wall_time=time.time(), step=int(step),
                                        summary=histogram(tag, np.asarray(values, np.float64).ravel(), bins)))
         self._events.flush()
 
+    def append(self, name: str, record: Mapping[str, Any]) -> None:
+        """Appends `record` as one JSON line to `out_dir/name`."""
+        if self.active:
+            with (self.out_dir / name).open("a") as f:
+                f.write(json.dumps(record) + "\n")
+
     def close(self) -> None:
         """Closes both files; idempotent."""
-        if not self._file.closed:
+        if self.active and not self._file.closed:
             self._file.close()
             self._events.close()
 

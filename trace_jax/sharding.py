@@ -1,4 +1,5 @@
-"""Device mesh, logical-axis rules, and the shardings of parameters, KV caches and batches.
+"""Device mesh, logical-axis rules, and the shardings of parameters, KV caches and batches; global arrays built
+from each process's share (several processes) and gathered back to numpy.
 
 Parameters name their logical axes in `axes` metadata (see `models/qwen3.py`); `RULES` maps each
 logical axis to mesh axes. A mesh axis that does not divide a dimension is dropped for that
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from trace_jax.config import MeshConfig
@@ -143,3 +145,47 @@ def sharded_forward(model: Policy, mesh: Mesh, batch_shape: tuple[int, int], rul
         return nnx.merge(graphdef, state)(input_ids)
 
     return state, forward
+
+
+def process_rows(sharding: jax.sharding.Sharding, shape: Sequence[int]) -> np.ndarray:
+    """The rows (sorted indices into the leading dimension) of a global array of `shape` on `sharding` that this
+    process's devices hold: all of them when rows are replicated, 1/P of them when split over P processes."""
+    rows = np.arange(shape[0])
+    return np.unique(np.concatenate([rows[index[0]] for index in
+                                     sharding.addressable_devices_indices_map(tuple(shape)).values()]))
+
+
+def from_process_rows(local: np.ndarray, rows: np.ndarray, num_rows: int,
+                      sharding: jax.sharding.Sharding) -> jax.Array:
+    """The global array [num_rows, ...] on `sharding` whose rows `rows` (= `process_rows`) this process holds as
+    `local` [len(rows), ...]; each process passes its own rows, no data crosses processes."""
+    position = np.full(num_rows, -1)
+    position[rows] = np.arange(len(rows))
+
+    def shard(index: tuple[slice, ...]) -> np.ndarray:
+        at = position[np.arange(num_rows)[index[0]]]
+        if (at < 0).any():
+            raise ValueError(f"a device of this process needs rows {np.arange(num_rows)[index[0]]}, not all loaded")
+        return local[(at, *index[1:])]
+
+    return jax.make_array_from_callback((num_rows, *local.shape[1:]), sharding, shard)
+
+
+def put_global(tree, shardings):
+    """Each leaf of `tree` (the same value on every process) on its sharding in `shardings` (a matching tree); each
+    process copies only the shards its devices hold."""
+    def one(x, sharding: jax.sharding.Sharding) -> jax.Array:
+        host = np.asarray(x)
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    return jax.tree.map(one, tree, shardings)
+
+
+def to_host(tree):
+    """Every array leaf of `tree` as numpy, gathered from all processes when it spans several."""
+    def one(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(jax.device_get(x))
+
+    return jax.tree.map(one, tree)

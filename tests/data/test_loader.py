@@ -58,3 +58,28 @@ def test_prompt_too_long():
     ex = {"question": b"what is the ceo of Lumeco Labs ?", "question_id": 0, "hops": 1}
     with pytest.raises(ValueError, match="prompt_len"):
         PromptLoader([ex], batch_size=2, prompt_len=4, seed=0)
+
+
+def test_a_process_share_of_rows_is_those_rows_of_the_batch(data_dir, small_cfg):
+    loader = hopworld_loader(data_dir, small_cfg, "train", batch_size=16, seed=2)
+    for step in (0, 9):  # step 9 straddles an epoch boundary (160 examples)
+        full = loader.batch(step)
+        for rows in (np.arange(8), np.arange(8, 16), np.array([1, 5, 15])):
+            part = loader.batch(step, rows)
+            assert _equal(part, {k: v[rows] for k, v in full.items()})
+
+
+def test_grain_pipeline_of_the_loader_benchmark(data_dir, small_cfg, capsys):
+    """What `bench loader` times against the loader: rows of each pool, a pure function of (seed, step), every
+    prompt once per epoch, tokenized like the loader's."""
+    from trace_jax.bench.loader import grain_batches, run_loader_bench
+
+    loader = hopworld_loader(data_dir, small_cfg, "train", batch_size=16, seed=0, shuffle=False)
+    batches = grain_batches(str(data_dir), small_cfg, 16, seed=1, rows=np.arange(16))
+    epoch = np.concatenate([batches(step) for step in range(len(loader) // 16)])
+    np.testing.assert_array_equal(batches(3), epoch[48:64])
+    assert sorted(map(tuple, epoch.tolist())) == sorted(map(tuple, loader.prompt_ids.tolist()))
+    assert batches(0).tolist() != grain_batches(str(data_dir), small_cfg, 16, seed=2, rows=np.arange(16))(0).tolist()
+    out = run_loader_bench(str(data_dir), small_cfg, batch_size=16, processes=2, steps=3)
+    assert out["loader_batches_per_s"] > 0 and out["grain_batches_per_s"] > 0
+    assert "loader / grain" in capsys.readouterr().out

@@ -116,6 +116,11 @@ def build_dataset(data_dir: str | Path, cfg: HopWorldConfig) -> Path:
     return Path(builder.data_dir)
 
 
+def hopworld_source(data_dir: str | Path, cfg: HopWorldConfig, split: str):
+    """One built split as a random-access source of examples (len, [i]), read from array_record on demand."""
+    return _builder(data_dir, cfg).as_data_source(split=split)
+
+
 def read_split(data_dir: str | Path, cfg: HopWorldConfig, split: str) -> list[dict[str, Any]]:
     """All examples of one split (dicts of numpy scalars / bytes), read and checked in full.
 

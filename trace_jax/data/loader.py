@@ -51,11 +51,12 @@ class PromptLoader:
             return np.arange(len(self))
         return np.random.default_rng([self.seed, epoch]).permutation(len(self))
 
-    def batch(self, step: int) -> dict[str, np.ndarray]:
-        """The batch at position `step` (does not move the loader)."""
-        k = step * self.batch_size + np.arange(self.batch_size)
+    def batch(self, step: int, rows: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The batch at position `step` (does not move the loader); rows: only these rows of it (sorted indices
+        in [0, B), e.g. one process's share)."""
+        k = step * self.batch_size + (np.arange(self.batch_size) if rows is None else np.asarray(rows))
         epochs, pos = k // len(self), k % len(self)
-        idx = np.empty(self.batch_size, np.int64)
+        idx = np.empty(len(k), np.int64)
         for e in np.unique(epochs):
             idx[epochs == e] = self._order(int(e))[pos[epochs == e]]
         return {

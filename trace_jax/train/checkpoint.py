@@ -3,28 +3,37 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
+from trace_jax.checkpoints import checkpoint_path
 from trace_jax.config import TrainConfig, to_dict
 from trace_jax.train.step import TrainState
 
 ITEMS = ("state", "meta")
 # Config keys (or sections) a resumed run may change without allow_config_change: how long to run, how often to
-# evaluate and checkpoint, where the run and dataset live, the device layout. None alters the algorithm or what the
-# metrics measure. Keep the help of `trace-jax train --resume` in step.
-RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "out_dir", "data_dir", "mesh")
+# evaluate and checkpoint, where the run, its checkpoints and the dataset live, the device layout. None alters the
+# algorithm or what the metrics measure. Keep the help of `trace-jax train --resume` in step.
+RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "out_dir", "checkpoint_dir",
+                     "data_dir", "mesh", "chunk_slots")  # chunk_slots: the same updates up to rounding
+
+
+def run_checkpoints_dir(cfg: TrainConfig) -> epath.Path:
+    """Where cfg's run keeps its orbax checkpoints: cfg.checkpoint_dir, or out_dir/checkpoints."""
+    return checkpoint_path(cfg.checkpoint_dir or Path(cfg.out_dir, "checkpoints"))
 
 
 class RunCheckpoints:
     """`out_dir/checkpoints/<step>/{state, meta}`; keeps the newest `keep` steps."""
 
-    def __init__(self, directory: str | Path, keep: int) -> None:
-        self.directory = Path(directory).absolute()
+    def __init__(self, directory: str | os.PathLike, keep: int) -> None:
+        self.directory = checkpoint_path(directory)
         self.manager = ocp.CheckpointManager(
             self.directory, item_names=ITEMS,
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
@@ -63,10 +72,10 @@ def abstract_state(state: TrainState) -> TrainState:
     return jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), state)
 
 
-def newest_meta(directory: str | Path) -> tuple[int, dict[str, Any]]:
+def newest_meta(directory: str | os.PathLike) -> tuple[int, dict[str, Any]]:
     """(step, meta) of the newest checkpoint under `directory` whose meta reads, restoring no state and creating
     nothing; FileNotFoundError when there is no checkpoint to resume."""
-    directory = Path(directory).absolute()
+    directory = checkpoint_path(directory)
     nothing = FileNotFoundError(f"--resume: no checkpoint under {directory}, so nothing to resume; run without "
                                 "--resume to start a new run, or set out_dir to the run to continue")
     if not directory.is_dir():

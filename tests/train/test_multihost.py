@@ -1,0 +1,108 @@
+"""Two processes joined through jax.distributed (4 CPU devices each) against one process with 8: the same global
+pool from per-process rows, one stop decision, and the same training metrics."""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_train import OVERRIDES, run_dirs  # noqa: F401 (run_dirs: the shared base policy and dataset fixture)
+
+from trace_jax.config import TrainConfig, load_config
+from trace_jax.data.loader import hopworld_loader
+from trace_jax.train.loop import train
+
+HERE = Path(__file__).parent
+# pool_size=8 on 8 devices: one row per device, so each process holds (and loads) half of every pool
+TWO_STEPS = [*OVERRIDES, "pool_size=8", "roots=8", "steps=2", "warmup.batches=0"]
+FOUR_DEVICES = {**os.environ,
+                "XLA_FLAGS": "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _two_processes(make_cmd, timeout: float, codes: tuple[int, int] = (0, 0), signal_process_1=None
+                   ) -> list[subprocess.CompletedProcess]:
+    """Runs make_cmd(port, process_id) for ids 0 and 1 together and checks their exit codes; if one fails, the other
+    is ended (it would wait for its peer until jax.distributed's timeout). signal_process_1: a condition polled
+    while they run; once it holds, process 1 (only) gets SIGTERM."""
+    port = _free_port()
+    procs = [subprocess.Popen(make_cmd(port, i), env=FOUR_DEVICES, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for i in range(2)]
+    deadline = time.time() + timeout
+    try:
+        while any(p.poll() is None for p in procs):
+            if time.time() > deadline or any(p.poll() not in (None, *codes) for p in procs):
+                break
+            if signal_process_1 is not None and signal_process_1():
+                procs[1].send_signal(signal.SIGTERM)
+                signal_process_1 = None
+            time.sleep(0.2)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    outs = [p.communicate() for p in procs]
+    for i, (p, code, (_, err)) in enumerate(zip(procs, codes, outs)):
+        assert p.returncode == code, f"process {i} exited with {p.returncode}, not {code}:\n{err[-3000:]}"
+    return [subprocess.CompletedProcess(p.args, p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
+
+
+def test_each_process_loads_its_half_of_the_global_pool(run_dirs):  # noqa: F811
+    paths = [f"init_checkpoint={run_dirs / 'base'}", f"data_dir={run_dirs / 'tfds'}"]
+    runs = _two_processes(lambda port, i: [sys.executable, str(HERE / "two_process_pool.py"), str(port), str(i),
+                                           *TWO_STEPS, *paths], timeout=120)
+    got = [json.loads(next(line for line in r.stdout.splitlines() if line.startswith("{"))) for r in runs]
+    assert [g["rows"] for g in got] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    cfg = load_config(TrainConfig, None, [*TWO_STEPS, *paths])
+    expected = hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed).batch(3)
+    for g in got:  # the pool one process with all devices would see
+        np.testing.assert_array_equal(g["question"], expected["question_id"])
+        np.testing.assert_array_equal(g["tokens"], expected["prompt_ids"])
+    assert [g["stop"] for g in got] == [True, True]  # process 1's stop request reaches process 0
+
+
+def _rows(path: Path) -> list[dict]:
+    lines = path.read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k != "step_seconds"} for line in lines]
+
+
+@pytest.mark.slow  # ~5 min on 2 CPU cores: 2 + 1 processes compiling the step and evaluation
+def test_two_processes_train_like_one_process_with_all_devices_through_a_preemption(run_dirs, tmp_path):  # noqa: F811
+    """Two processes train 3 steps; SIGTERM reaches process 1 alone during step 2, yet both stop after the same step,
+    checkpointed (exit 143), and --resume finishes the run. Its metrics equal one process's with 8 devices."""
+    args = [*TWO_STEPS, "steps=3", "checkpoint_every=1", f"init_checkpoint={run_dirs / 'base'}",
+            f"data_dir={run_dirs / 'tfds'}"]
+    two, one = tmp_path / "two", tmp_path / "one"
+    train_cmd = lambda *flags: lambda port, i: [
+        sys.executable, "-m", "trace_jax.cli", "train", "--coordinator", f"localhost:{port}", "--num-processes", "2",
+        "--process-id", str(i), *flags, *args, f"out_dir={two}"]
+    runs = _two_processes(train_cmd(), timeout=600, codes=(143, 143),
+                          signal_process_1=lambda: (two / "checkpoints" / "1" / "meta").exists())
+    printed = [[line for line in r.stdout.splitlines() if not line.startswith("[Gloo]")] for r in runs]  # C++ logs
+    assert any(line.startswith("train: trace, pool B=8") for line in printed[0]) and printed[1] == []  # process 0's
+    stopped = [int(re.search(r"preempted \(SIGTERM\) after step (\d+)", r.stderr).group(1)) for r in runs]
+    assert stopped == [2, 2]
+    assert sorted(p.name for p in (two / "checkpoints").iterdir()) == ["1", "2"]
+    _two_processes(train_cmd("--resume"), timeout=600)
+    train(load_config(TrainConfig, None, [*args, f"out_dir={one}"]))  # 8 devices, this process
+
+    a, b = _rows(one / "metrics.jsonl"), _rows(two / "metrics.jsonl")
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3]
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:  # float32 reductions in another order: equal to ~1e-7 relative
+            np.testing.assert_allclose(y[key], x[key], rtol=1e-5, atol=1e-7, err_msg=f"step {x['step']} {key}")
+    # prompt-level values: a process training on other rows than its own changes them
+    assert _rows(one / "allocation.jsonl") == _rows(two / "allocation.jsonl")
