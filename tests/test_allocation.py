@@ -278,7 +278,8 @@ def test_trace_prefixes_prefer_uncertain_anchors():
 
 def test_uniform_prefix_counts_spread_evenly():
     valid = jnp.ones((2, 3), bool)
-    k, unspent = uniform_prefix_counts(jax.random.uniform(jax.random.key(0), (6,)), valid, jnp.array([0, 1]), jnp.array([7, 0]))
+    noise = jax.random.uniform(jax.random.key(0), (6,))
+    k, unspent = uniform_prefix_counts(noise, valid, jnp.array([0, 1]), jnp.array([7, 0]))
     assert sorted(np.asarray(k)[0].tolist()) == [2, 2, 3] and (np.asarray(k)[1] == 0).all()
     assert np.asarray(unspent).tolist() == [0, 0]
 

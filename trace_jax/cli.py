@@ -27,14 +27,18 @@ def _sft(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from trace_jax import distributed
     from trace_jax.config import TrainConfig, load_config
     from trace_jax.train.loop import train
 
     if args.allow_config_change and not args.resume:
         raise ValueError("--allow-config-change only applies with --resume; add --resume to continue the run "
                          "in out_dir")
-    train(load_config(TrainConfig, args.config, args.overrides), resume=args.resume,
-          allow_config_change=args.allow_config_change)
+    cluster = distributed.Cluster(args.coordinator, args.num_processes, args.process_id, auto=args.multi_host)
+    cfg = load_config(TrainConfig, args.config, args.overrides)
+    distributed.join(cluster)
+    with distributed.stdout_from_main():
+        train(cfg, resume=args.resume, allow_config_change=args.allow_config_change)
     return 0
 
 
@@ -71,6 +75,15 @@ def _bench_sampler(args: argparse.Namespace) -> int:
 
     run_sampler_bench(args.checkpoint, args.batch, args.prompt_len, args.steps, args.mid_batch, args.skip_mid,
                       args.repeats)
+    return 0
+
+
+def _bench_loader(args: argparse.Namespace) -> int:
+    from trace_jax.bench.loader import run_loader_bench
+    from trace_jax.config import TrainConfig, load_config
+
+    cfg = load_config(TrainConfig, args.config, args.overrides)
+    run_loader_bench(cfg.data_dir, cfg.world, cfg.pool_size, args.processes, args.steps, cfg.seed)
     return 0
 
 
@@ -152,6 +165,26 @@ def _config_reference(args: argparse.Namespace) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(reference())
     print(f"config reference written to {args.out}")
+    return 0
+
+
+def _plan_memory(args: argparse.Namespace) -> int:
+    import json
+    import math
+
+    from trace_jax.config import TrainConfig, load_config
+    from trace_jax.memory import plan_config, render
+    from trace_jax.memory.plan import step_shape
+
+    cfg = load_config(TrainConfig, args.config, args.overrides)
+    chips = args.chips
+    if chips is None:
+        sizes = (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+        if -1 in sizes:
+            raise ValueError("--chips is needed: a mesh axis is -1 (fill the chips), e.g. --chips 64")
+        chips = math.prod(sizes)
+    plan = plan_config(cfg, args.chip, chips, args.preset, args.slots or 0)
+    print(json.dumps(plan.as_dict(), indent=1) if args.json else render(plan, step_shape(cfg, args.preset)))
     return 0
 
 
@@ -269,14 +302,28 @@ def build_parser() -> argparse.ArgumentParser:
                                        "dataset and the SFT base policy if they are missing.")
     _add_config_args(train)
     train.add_argument("--resume", action="store_true",
-                       help="continue from the newest checkpoint in out_dir/checkpoints. Fails before any work if "
-                            "there is none, or if the config differs from the one that checkpoint was saved with. "
-                            "Changes allowed (they alter neither the algorithm nor what the metrics measure): steps "
-                            "(to extend the run; not below the checkpoint's step), eval_every, checkpoint_every, "
-                            "keep_checkpoints, out_dir and data_dir (a moved run or dataset), mesh.* (device layout); "
-                            "any other needs --allow-config-change")
+                       help="continue from the newest checkpoint in checkpoint_dir (default out_dir/checkpoints). "
+                            "Fails before any work if there is none, or if the config differs from the one that "
+                            "checkpoint was saved with. Changes allowed (they alter neither the algorithm nor what the "
+                            "metrics measure): steps (to extend the run; not below the checkpoint's step), eval_every, "
+                            "checkpoint_every, keep_checkpoints, out_dir, checkpoint_dir and data_dir (a moved run, "
+                            "checkpoints or dataset), mesh.* and chunk_slots (device layout and memory); any other "
+                            "needs --allow-config-change")
     train.add_argument("--allow-config-change", action="store_true",
                        help="with --resume: continue even though other config keys changed (they are listed)")
+    hosts = train.add_argument_group(
+        "several hosts", "Start the same command on every host; they join through jax.distributed and train as one "
+        "run on all their devices (the mesh spans them). Process 0 prints and writes the logs, metrics and plots; "
+        "all write the checkpoints. Without these flags the run is one process.")
+    hosts.add_argument("--multi-host", action="store_true",
+                       help="join the other hosts, found automatically: a Cloud TPU pod slice (every worker), GKE "
+                            "TPU, SLURM or Open MPI")
+    hosts.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                       help="elsewhere: process 0's address and a free port, the same on every process")
+    hosts.add_argument("--num-processes", type=_positive_int, default=None, metavar="N",
+                       help="with --coordinator: how many processes join")
+    hosts.add_argument("--process-id", type=int, default=None, metavar="I",
+                       help="with --coordinator: this process's id, 0 .. N-1 (0 is the coordinator)")
     train.set_defaults(func=_train)
 
     comp = sub.add_parser("compare", help="train several methods x seeds at equal cost and compare them",
@@ -321,6 +368,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated pool sizes B")
     solver.add_argument("--roots", type=_positive_ints, default=(512, 1024), help="comma-separated root budgets M")
     solver.set_defaults(func=_bench_solver)
+    loader = bench.add_parser("loader", help="the prompt loader against a grain pipeline on the same data",
+                               description="One process's rows of each pool (pool_size B over --processes P), from "
+                                           "the config's HopWorld train split: construction time and batches/s of "
+                                           "the loader and of grain, back to back, and their ratio.")
+    _add_config_args(loader)
+    loader.add_argument("--processes", type=_positive_int, default=1, help="processes P sharing each pool")
+    loader.add_argument("--steps", type=_positive_int, default=200, help="consecutive batches timed")
+    loader.set_defaults(func=_bench_loader)
     contrast = bench.add_parser("contrast", help="a world's contrast (GRPO's effective ratio) and predictor ceilings",
                                 description="Sample K episodes of every test question with the base policy: success "
                                             "per hop, the share of mixed groups of G, and the root AUC a predictor "
@@ -349,6 +404,23 @@ def build_parser() -> argparse.ArgumentParser:
     ref = sub.add_parser("config-reference", help="write the configuration reference (every key, default, meaning)")
     ref.add_argument("--out", default="docs/config.md")
     ref.set_defaults(func=_config_reference)
+
+    mem = sub.add_parser("plan-memory", help="per-chip memory of a config's training step; the chunk_slots that fits",
+                         description="Per chip: params, optimizer, rollout tree, KV cache, rollout and loss-phase "
+                                     "bytes and their peak (total), from the shapes the step allocates "
+                                     "(trace_jax.memory); chunk_slots is the largest slot capacity (a multiple of "
+                                     "data x fsdp) whose step fits the chip's HBM with 10% headroom.")
+    _add_config_args(mem)
+    mem.add_argument("--chips", type=_positive_int, default=None,
+                     help="chips (devices) in the pod (default: mesh.data x mesh.fsdp x mesh.tensor when none is -1)")
+    mem.add_argument("--chip", default="v5p", help="chip kind: v4 | v5e | v5p | v6e | cpu (default: v5p)")
+    mem.add_argument("--preset", default=None,
+                     help="search_qa: plan with a public model's dims (qwen3-8b | qwen3-14b) when policy_dir has no "
+                          "config.json yet")
+    mem.add_argument("--slots", type=_positive_int, default=None,
+                     help="plan with this many slots in flight (default: the config's chunk_slots, else all M*(1+N))")
+    mem.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    mem.set_defaults(func=_plan_memory)
 
     ev = sub.add_parser("eval", help="EM / F1 of a search QA policy per dataset, with both averages",
                         description="One sampled episode per question of each search_qa.eval_datasets split (test, "

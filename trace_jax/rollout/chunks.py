@@ -29,7 +29,7 @@ from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import Rollout, SamplingConfig, run_turns
 from trace_jax.rollout.expand import Pool, fork, join_phases, prefill_pool, start_roots
 from trace_jax.rollout.tree import Tree
-from trace_jax.sharding import constrain_rows, data_parallel_size
+from trace_jax.sharding import constrain_rows, data_parallel_size, to_host
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +147,7 @@ def place_chunks(chunks: list[Chunk], num_roots: int, num_cont: int, pad_id: int
     for c in chunks:
         r = c.tree.num_slots // (1 + num_cont)
         local = np.arange(c.tree.num_slots)
-        placed = int(np.asarray(c.tree.is_continuation).sum())
+        placed = int(to_host(c.tree.is_continuation.sum()))
         at = np.where(local < c.end_root - c.first_root, c.first_root + local,
                       np.where((local >= r) & (local < r + placed), num_roots + c.first_cont + local - r, s))
         keep = np.flatnonzero(at < s)
@@ -177,9 +177,9 @@ def expand_in_chunks(model: Policy, env: Any, pool: Pool, key: jax.Array, *, pla
     r = check_chunk(plan, chunk_slots, data_parallel_size(mesh))
     prompt_of_slot, _, pool_v = allocate_roots(model, pool, key, plan=plan)
     chunks, first_cont = [], 0
-    for lo, hi in chunk_bounds(np.asarray(prompt_of_slot), r):
+    for lo, hi in chunk_bounds(to_host(prompt_of_slot), r):  # gathered when it spans processes
         tree, stats = run_chunk(model, env, pool, key, prompt_of_slot, lo, hi, first_cont, plan=plan,
                                 chunk_roots=r, sampling=sampling, pad_id=pad_id, mesh=mesh)
         chunks.append(Chunk(tree, lo, hi, first_cont, stats))
-        first_cont += int(tree.is_continuation.sum())
+        first_cont += int(to_host(tree.is_continuation.sum()))
     return place_chunks(chunks, plan.roots, plan.continuations, pad_id), pool_v, combine_stats(chunks), chunks

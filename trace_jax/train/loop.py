@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -12,14 +11,17 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import yaml
 from flax import nnx
 from tqdm.auto import tqdm
 
+from trace_jax import distributed
 from trace_jax import sharding as shd
 from trace_jax.allocation import Allocator, Plan
-from trace_jax.checkpoints import load_model, save_model
+from trace_jax.checkpoints import checkpoint_path, load_model, save_model
 from trace_jax.config import TrainConfig, to_dict
+from trace_jax.data.global_pool import global_pool
 from trace_jax.data.hopworld_tfds import build_dataset
 from trace_jax.data.loader import hopworld_loader
 from trace_jax.envs.base import HostEnv
@@ -28,12 +30,21 @@ from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.evaluate import predictor_quality, reliability, rollout_questions, success_by_hops
 from trace_jax.metrics import MetricsLogger, plot_metrics, plot_reliability, read_metrics, rewind_jsonl
 from trace_jax.models.qwen3 import Policy
+from trace_jax.rollout.chunks import expand_in_chunks, rollout_chunk
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool, expand_tree
+from trace_jax.rollout.host import expand_host, rollout_host_chunk
 from trace_jax.sft import run_sft, split_questions
-from trace_jax.train.checkpoint import RunCheckpoints, abstract_state, check_resume_config, newest_meta
+from trace_jax.train.checkpoint import (
+    RunCheckpoints,
+    abstract_state,
+    check_resume_config,
+    newest_meta,
+    run_checkpoints_dir,
+)
+from trace_jax.train.chunked import make_step
 from trace_jax.train.preemption import Preempted, sigterm_stops
-from trace_jax.train.step import StepSpec, TrainState, build_step, make_optimizer
+from trace_jax.train.step import StepSpec, TrainState, make_optimizer
 from trace_jax.train.warmup import WarmupSpec, warm_up_predictor
 
 PLOT_KEYS = ("reward", "effective_ratio", "eval/success", "eval/success_hop1", "eval/success_hop4", "predictor_loss",
@@ -46,7 +57,10 @@ ARRAY_METRICS = ("pool_v_values", "roots_per_prompt", "continuations_per_anchor"
 
 def base_policy(cfg: TrainConfig) -> Policy:
     """The SFT policy RL starts from, trained first (with cfg.sft settings) if it does not exist yet."""
-    path = Path(cfg.init_checkpoint)
+    path = checkpoint_path(cfg.init_checkpoint)  # may be gs://: a multi-host run's hosts all read it
+    if not path.exists() and jax.process_count() > 1:
+        raise FileNotFoundError(f"no base policy at {path}: a multi-host run starts from one; train it first "
+                                "(`trace-jax sft`) and set init_checkpoint to a path every host reads (gs://...)")
     if not path.exists():
         print(f"train: no base policy at {path}; training it now (trace-jax sft)")
         run_sft(dataclasses.replace(cfg.sft, world=cfg.world, data_dir=cfg.data_dir, out_dir=str(path.parent)))
@@ -56,7 +70,7 @@ def base_policy(cfg: TrainConfig) -> Policy:
 def placed(model: Policy, mesh: jax.sharding.Mesh) -> tuple[nnx.GraphDef, nnx.State]:
     """(graphdef, params) of `model`, its params placed on `mesh` as training holds them."""
     graphdef, params = nnx.split(model)
-    return graphdef, jax.device_put(params, shd.param_shardings(params, mesh))
+    return graphdef, shd.put_global(params, shd.param_shardings(params, mesh))
 
 
 def held_out_questions(cfg: TrainConfig) -> np.ndarray:
@@ -80,19 +94,31 @@ class Budget(NamedTuple):
 def step_spec(cfg: TrainConfig, budget: Budget, pad_id: int = protocol.PAD,
               mesh: jax.sharding.Mesh | None = None) -> StepSpec:
     """The step of cfg at `budget`; mesh: the slots are split over its data axes."""
-    allocator = Allocator(cfg.allocator, group_size=budget.group_size, max_per_anchor=cfg.max_per_anchor or None)
+    allocator = Allocator(cfg.allocator, group_size=budget.group_size, max_per_anchor=cfg.max_per_anchor or None,
+                          max_roots=cfg.max_roots_per_prompt or None)
     return StepSpec(plan=Plan(allocator, roots=budget.roots, continuations=budget.continuations),
                     sampling=SamplingConfig(cfg.temperature, cfg.top_p), clip_eps=cfg.clip_eps,
                     kl_coef=cfg.kl_coef, predictor_coef=cfg.predictor_coef, pad_id=pad_id,
                     predictor_backbone_grad=cfg.predictor_backbone_grad, mesh=mesh)
 
 
-def initial_state(cfg: TrainConfig, params: nnx.State, tx) -> TrainState:
-    """The optimizer state and (with a KL term) the frozen reference, built under jit so every leaf lands on
-    the params' devices."""
-    return jax.jit(lambda p: TrainState(
-        params=p, opt_state=tx.init(p), ref_params=jax.tree.map(jnp.copy, p) if cfg.kl_coef > 0 else None,
-        step=jnp.zeros((), jnp.int32)))(params)
+def initial_state(cfg: TrainConfig, params: nnx.State, tx: optax.GradientTransformation) -> TrainState:
+    """The optimizer state and (with a KL term) the frozen reference, built under jit; Adam's moments are sharded
+    like the parameters they follow (left to itself, jit replicates them on every device)."""
+    placed = all(isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(params))
+    shardings = jax.tree.map(lambda x: x.sharding, params) if placed else None  # None: abstract params (eval_shape)
+    masked = lambda x: isinstance(x, optax.MaskedNode)  # the other optimizer group's entries
+
+    def build(p: nnx.State) -> TrainState:
+        opt_state = tx.init(p)
+        if shardings is not None:
+            opt_state = optax.tree_map_params(
+                tx, lambda x, s: x if masked(x) else jax.lax.with_sharding_constraint(x, s), opt_state, shardings,
+                transform_non_params=lambda x: x, is_leaf=masked)
+        return TrainState(params=p, opt_state=opt_state, step=jnp.zeros((), jnp.int32),
+                          ref_params=jax.tree.map(jnp.copy, p) if cfg.kl_coef > 0 else None)
+
+    return jax.jit(build)(params)
 
 
 def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv | HostEnv, pools: Callable[[int], Pool] | None = None,
@@ -109,6 +135,11 @@ def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv | HostEnv, pools: 
     spec = WarmupSpec(batches=w.batches, group_size=w.group_size, roots=cfg.roots, continuations=cfg.continuations,
                       fit_steps=w.fit_steps, learning_rate=w.learning_rate,
                       sampling=SamplingConfig(cfg.temperature, cfg.top_p), pad_id=pad_id)
+    if 0 < cfg.chunk_slots < cfg.roots * (1 + cfg.continuations):
+        run_chunk = rollout_host_chunk if expand is expand_host else rollout_chunk
+
+        def expand(*args, **kwargs):  # the same trees, chunk_slots slots at a time
+            return expand_in_chunks(*args, chunk_slots=cfg.chunk_slots, run_chunk=run_chunk, **kwargs)[:3]
     t0 = time.perf_counter()
     _, report = warm_up_predictor(model, env, pools, jax.random.key(cfg.seed + 3), spec, expand)
     print(f"train: predictor warm-up on {w.batches} uniform-tree pools ({time.perf_counter() - t0:.0f} s), held out: "
@@ -159,13 +190,12 @@ def equal_cost_budget(cfg: TrainConfig, probe: Callable[[StepSpec], dict[str, ja
     return Budget(roots, 0, g)
 
 
-def record_step(out: Path, log: MetricsLogger, step: int, metrics: dict[str, jax.Array]) -> dict[str, float]:
+def record_step(log: MetricsLogger, step: int, metrics: dict[str, jax.Array]) -> dict[str, float]:
     """A step's metrics as floats; its ARRAY_METRICS go to allocation.jsonl and the pool V~ histogram. Warns
     when the update was skipped."""
-    metrics = jax.device_get(metrics)
+    metrics = shd.to_host(metrics)
     spent = {k: metrics.pop(k).tolist() for k in ARRAY_METRICS}
-    with (out / ALLOCATION_FILE).open("a") as f:
-        f.write(json.dumps({"step": step, **spent}) + "\n")
+    log.append(ALLOCATION_FILE, {"step": step, **spent})
     log.histogram(step, "pool_v", spent["pool_v_values"])
     last = {k: float(v) for k, v in metrics.items()}
     if last["skipped"]:
@@ -180,7 +210,8 @@ def evaluate(model: Policy, env: HopWorldEnv, questions: np.ndarray, cfg: TrainC
     """(eval/* metrics: test success per hop and predictor quality, reliability bins) at `step`."""
     questions = np.repeat(questions, cfg.eval_samples)
     tree = rollout_questions(model, env, questions, cfg.eval_batch, jax.random.fold_in(jax.random.key(cfg.seed + 7),
-                             step), SamplingConfig(cfg.temperature, cfg.top_p), mesh=shd.make_mesh(cfg.mesh))
+                             step), SamplingConfig(cfg.temperature, cfg.top_p), progress=distributed.is_main(),
+                             mesh=shd.make_mesh(cfg.mesh))
     out = success_by_hops(tree.reward, np.asarray(env.world.hops)[questions]) | predictor_quality(tree)
     return {f"eval/{k}": v for k, v in out.items()}, reliability(tree)
 
@@ -196,27 +227,35 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
     config it was saved with beyond `checkpoint.RESUMABLE_CHANGES` (unless `allow_config_change`).
     """
     if cfg.env == "search_qa":
+        if jax.process_count() > 1:
+            raise ValueError("env=search_qa trains in one process (its retriever calls are not split over processes "
+                             "yet); run it without --multi-host / --coordinator")
         from trace_jax.train.search_qa import train_search_qa
 
         return train_search_qa(cfg, resume, allow_config_change)
     out = Path(cfg.out_dir)
     if resume:  # before any work or write: there is a run to continue, and it is this one
-        checked, meta = newest_meta(out / "checkpoints")
+        checked, meta = newest_meta(run_checkpoints_dir(cfg))
         check_resume_config(cfg, checked, meta["config"], allow_config_change)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    main = distributed.is_main()  # the process that writes the run's files (every process checkpoints)
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     env = HopWorldEnv(build_world(cfg.world), cfg.world)
-    build_dataset(cfg.data_dir, cfg.world)
+    distributed.main_first("dataset", lambda: build_dataset(cfg.data_dir, cfg.world))
     loader = hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed)
     questions = held_out_questions(cfg)
 
     mesh = shd.make_mesh(cfg.mesh)
+    from trace_jax.memory import check_fits
+
+    check_fits(cfg, mesh)  # fails naming the bytes and the chunk_slots to set when the step cannot fit the devices
     model = base_policy(cfg)
     warmup = {} if resume else warm_up(cfg, model, env)  # a resumed state already holds the warmed-up head
     graphdef, params = placed(model, mesh)
     tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm, cfg.head_learning_rate)
     state = initial_state(cfg, params, tx)
-    ckpts = RunCheckpoints(out / "checkpoints", cfg.keep_checkpoints)
+    ckpts = RunCheckpoints(run_checkpoints_dir(cfg), cfg.keep_checkpoints)
     start = 0
     if resume:
         start, state, meta = ckpts.restore_latest(abstract_state(state))
@@ -225,10 +264,11 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
         budget = Budget(meta["roots"], meta["continuations"], meta["group_size"])
         print(f"train: resumed from step {start} ({ckpts.directory})")
     else:
-        budget = equal_cost_budget(cfg, lambda spec: build_step(graphdef, tx, dataclasses.replace(spec, mesh=mesh))(
-            jax.tree.map(jnp.copy, state), env, pool_of(loader.batch(0)), jax.random.key(cfg.seed + 1))[1])
+        budget = equal_cost_budget(cfg, lambda spec: make_step(graphdef, tx, dataclasses.replace(spec, mesh=mesh),
+                                                               cfg.chunk_slots)(
+            jax.tree.map(jnp.copy, state), env, global_pool(loader, 0, mesh), jax.random.key(cfg.seed + 1))[1])
     spec = step_spec(cfg, budget, mesh=mesh)
-    step_fn = build_step(graphdef, tx, spec)
+    step_fn = make_step(graphdef, tx, spec, cfg.chunk_slots)
     key = jax.random.key(cfg.seed)
     last: dict[str, float] = {}
     roots, continuations = budget.roots, budget.continuations
@@ -240,33 +280,37 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
         """Adds eval/* to metrics and appends the reliability bins (`done`: this evaluation, already made)."""
         scores, bins = done or evaluate(nnx.merge(graphdef, state.params), env, questions, cfg, step)
         metrics.update(scores)
-        with (out / RELIABILITY_FILE).open("a") as f:
-            f.write(json.dumps({"step": step, **bins}) + "\n")
-        plot_reliability({f"{name} V~ (test, step {step})": {cfg.allocator: b} for name, b in bins.items()},
-                         out / "reliability.png")
+        log.append(RELIABILITY_FILE, {"step": step, **bins})
+        if main:
+            plot_reliability({f"{name} V~ (test, step {step})": {cfg.allocator: b} for name, b in bins.items()},
+                             out / "reliability.png")
 
-    for name in (RELIABILITY_FILE, ALLOCATION_FILE):  # like metrics.jsonl: a fresh run starts them anew
+    for name in (RELIABILITY_FILE, ALLOCATION_FILE) if main else ():  # like metrics.jsonl: a fresh run starts anew
         rewind_jsonl(out / name, start if resume else -1)
-    with MetricsLogger(out, resume_from_step=start if resume else None) as log, sigterm_stops() as stop_requested:
+    with MetricsLogger(out, resume_from_step=start if resume else None, active=main) as log, \
+            sigterm_stops() as stop_requested:
         if start == 0:
             first = dict(warmup)
             log_eval(0, first, step0_eval)
             log.log(0, first)
-        bar = tqdm(range(start + 1, cfg.steps + 1), desc=f"train {cfg.allocator}", initial=start, total=cfg.steps)
+        bar = tqdm(range(start + 1, cfg.steps + 1), desc=f"train {cfg.allocator}", initial=start, total=cfg.steps,
+                   disable=not main)
         for step in bar:
             t0 = time.perf_counter()
-            state, metrics = step_fn(state, env, pool_of(loader.batch(step - 1)), jax.random.fold_in(key, step))
-            last = record_step(out, log, step, metrics)
+            state, metrics = step_fn(state, env, global_pool(loader, step - 1, mesh), jax.random.fold_in(key, step))
+            last = record_step(log, step, metrics)
             last["step_seconds"] = time.perf_counter() - t0
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 log_eval(step, last)
             log.log(step, last)
             bar.set_postfix(reward=f"{last['reward']:.2f}", eff=f"{last['effective_ratio']:.2f}")
             checkpoint_step(cfg, ckpts, step, state, {"step": step, **budget._asdict(), "loader": {
-                "seed": cfg.seed, "step": step}, "config": to_dict(cfg)}, stop_requested())
+                "seed": cfg.seed, "step": step}, "config": to_dict(cfg)}, distributed.any_process(stop_requested()))
     ckpts.close()
     policy_dir = out / "policy"  # the trained policy alone: `trace-jax export`, `data show --checkpoint`
     save_model(policy_dir, cfg.steps, nnx.merge(graphdef, state.params))
+    if not main:
+        return last
     logged = {k for row in read_metrics(out) for k in row}
     plot = plot_metrics(out, keys=[k for k in PLOT_KEYS if k in logged])
     print(f"train: metrics {out / 'metrics.jsonl'} and {out / 'tensorboard'}, plot {plot}, "

@@ -8,6 +8,7 @@ per dataset. At the end the policy is exported as an HF checkpoint with its toke
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -24,14 +25,18 @@ from trace_jax.config import TrainConfig, to_dict
 from trace_jax.data.search_qa_prompts import Questions, load_questions
 from trace_jax.envs.search_qa.env import SearchQAEnv
 from trace_jax.evaluate_qa import averages, evaluate_set, markdown
+from trace_jax.memory import check_fits
 from trace_jax.metrics import MetricsLogger, plot_metrics, read_metrics, rewind_jsonl
 from trace_jax.models import from_pretrained, save_pretrained
 from trace_jax.models.qwen3 import Policy
 from trace_jax.retrieval.client import RetrieverClient
+from trace_jax.rollout.chunks import Chunk, expand_in_chunks
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
-from trace_jax.rollout.host import expand_host
+from trace_jax.rollout.host import expand_host, rollout_host_chunk
+from trace_jax.rollout.tree import Tree
 from trace_jax.train.checkpoint import RunCheckpoints, abstract_state, check_resume_config, newest_meta
+from trace_jax.train.chunked import ChunkedStep
 from trace_jax.train.loop import (
     ALLOCATION_FILE,
     Budget,
@@ -43,7 +48,7 @@ from trace_jax.train.loop import (
     warm_up,
 )
 from trace_jax.train.preemption import sigterm_stops
-from trace_jax.train.step import build_update, make_optimizer, rollout_metrics
+from trace_jax.train.step import StepSpec, build_update, make_optimizer, rollout_metrics
 
 PLOT_KEYS = ("reward", "effective_ratio", "eval/average/em", "eval/average/f1", "predictor_loss", "root_auc",
              "generated_tokens", "tool_calls", "entropy", "utilisation")
@@ -93,6 +98,22 @@ def evaluate(model: Policy, env: SearchQAEnv, questions: Questions, cfg: TrainCo
     return {f"eval/{d}/{m}": v for d, r in rows.items() for m, v in r.items()}, markdown(per, sizes)
 
 
+def chunks_of(spec: StepSpec, chunk_slots: int) -> bool:
+    """Whether a step of `spec` runs in chunks: chunk_slots set and below its M * (1 + N) slots."""
+    return 0 < chunk_slots < spec.plan.roots * (1 + spec.plan.continuations)
+
+
+def expand_step(model: Policy, env: SearchQAEnv, pool: Pool, key: jax.Array, spec: StepSpec, chunk_slots: int
+                ) -> tuple[Tree, jax.Array, dict[str, jax.Array], list[Chunk] | None]:
+    """(tree, pool_v, stats, chunks) of one step with the environment on the host: `expand_host`, or
+    `expand_in_chunks` of chunk_slots slots (chunks None when not chunked)."""
+    kwargs = dict(plan=spec.plan, sampling=spec.sampling, pad_id=spec.pad_id, mesh=spec.mesh)
+    if chunks_of(spec, chunk_slots):
+        return expand_in_chunks(model, env, pool, key, chunk_slots=chunk_slots, run_chunk=rollout_host_chunk,
+                                **kwargs)
+    return (*expand_host(model, env, pool, key, **kwargs), None)
+
+
 def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = False) -> dict[str, float]:
     out = Path(cfg.out_dir)
     if resume:
@@ -102,6 +123,7 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     mesh = shd.make_mesh(cfg.mesh)
+    check_fits(cfg, mesh)  # before the weights load: fails naming the bytes when the step cannot fit the devices
     model = from_pretrained(cfg.search_qa.policy_dir, mesh=mesh)
     pad_id = tokenizer.pad_token_id
     warmup = {} if resume else warm_up(cfg, model, env, lambda i: pool_at(cfg, questions, i, stream=1), pad_id,
@@ -109,7 +131,6 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
     graphdef, params = nnx.split(model)
     tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm, cfg.head_learning_rate)
     state = initial_state(cfg, params, tx)
-    sampling = SamplingConfig(cfg.temperature, cfg.top_p)
     ckpts = RunCheckpoints(out / "checkpoints", cfg.keep_checkpoints)
     start = 0
     if resume:
@@ -121,13 +142,14 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
     else:
         def probe(spec):
             pool = pool_at(cfg, questions, 0)
-            tree, pool_v, stats = expand_host(model, env, pool, jax.random.key(cfg.seed + 1), plan=spec.plan,
-                                              sampling=sampling, pad_id=pad_id)
+            spec = dataclasses.replace(spec, pad_id=pad_id)  # equal_cost_budget's spec has HopWorld's pad
+            tree, _, stats, _ = expand_step(model, env, pool, jax.random.key(cfg.seed + 1), spec, cfg.chunk_slots)
             return jax.device_get(rollout_metrics(tree, pool, stats))
 
         budget = equal_cost_budget(cfg, probe)
     spec = step_spec(cfg, budget, pad_id, mesh)
     update = build_update(graphdef, tx, spec)
+    chunked = ChunkedStep(graphdef, tx, spec, cfg.chunk_slots) if chunks_of(spec, cfg.chunk_slots) else None
     key = jax.random.key(cfg.seed)
     print(f"train: search_qa, {cfg.allocator}, pool B={cfg.pool_size}, roots M={budget.roots}, continuations "
           f"N={budget.continuations}, group G={budget.group_size}, {len(questions.train.ids)} training questions, "
@@ -150,12 +172,14 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
         for step in bar:
             t0 = time.perf_counter()
             pool = pool_at(cfg, questions, step)
-            tree, pool_v, stats = expand_host(nnx.merge(graphdef, state.params), env, pool,
-                                              jax.random.fold_in(key, step), plan=spec.plan, sampling=sampling,
-                                              pad_id=pad_id)
+            tree, pool_v, stats, chunks = expand_step(nnx.merge(graphdef, state.params), env, pool,
+                                                      jax.random.fold_in(key, step), spec, cfg.chunk_slots)
             rollout_s = time.perf_counter() - t0
-            state, metrics = update(state, tree, pool, pool_v, stats)
-            last = record_step(out, log, step, metrics)
+            if chunked is None:
+                state, metrics = update(state, tree, pool, pool_v, stats)
+            else:
+                state, metrics = chunked.update(state, chunks, tree, pool, pool_v, stats)
+            last = record_step(log, step, metrics)
             last["step_seconds"], last["rollout_seconds"] = time.perf_counter() - t0, rollout_s
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 log_eval(step, last)
