@@ -16,6 +16,8 @@
 #   --project PROJECT  Google Cloud project               [TPU_PROJECT, default: gcloud's configured one]
 #   --spot             spot capacity (preemptible); --reserved: a reservation
 #   --queued           create through a queued resource (waits for capacity)
+#   --slices N         N slices of --type joined over the data-center network (multislice; needs --queued):
+#                      nodes NAME-0 .. NAME-(N-1), every worker of every slice trains  [TPU_SLICES, default 1]
 #   --config FILE      YAML config for `trace-jax train`  [TPU_CONFIG]
 #   --run-dir DIR      where the run writes on the VM      [TPU_RUN_DIR, default runs/tpu; a local path]
 #   --checkpoint-dir D orbax checkpoints, e.g. gs://BUCKET/run  [TPU_CHECKPOINT_DIR, default RUN_DIR/checkpoints;
@@ -23,8 +25,9 @@
 #   --resume           train: continue the run in --run-dir from its newest checkpoint (after a preemption)
 #   --dry-run          print the gcloud commands instead of running them
 #
-# A multi-host type (e.g. v5litepod-16, v4-16) runs `trace-jax train --multi-host` on every worker: they join
-# through jax.distributed (found automatically on a TPU VM) and train as one run. See launch/README.md.
+# A multi-host type (e.g. v5litepod-16, v4-16), or several slices, runs `trace-jax train --multi-host` on every
+# worker: they join through jax.distributed (found automatically on a TPU VM) and train as one run, the mesh's
+# data axis spanning the slices. See launch/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,6 +39,7 @@ project=${TPU_PROJECT:-}
 config=${TPU_CONFIG:-}
 run_dir=${TPU_RUN_DIR:-runs/tpu}
 checkpoint_dir=${TPU_CHECKPOINT_DIR:-}
+slices=${TPU_SLICES:-1}
 capacity=""
 queued=0
 resume=0
@@ -63,6 +67,7 @@ while [ $# -gt 0 ]; do
     --spot) capacity=--spot; shift ;;
     --reserved) capacity=--reserved; shift ;;
     --queued) queued=1; shift ;;
+    --slices) slices=${2:?--slices needs a value}; shift 2 ;;
     --resume) resume=1; shift ;;
     --dry-run) dry=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -83,13 +88,22 @@ esac
 version=${version:-$default_version}
 size=${type##*-}
 [[ $size =~ ^[0-9]+$ ]] || die "accelerator type '$type' does not end in a size"
+[[ $slices =~ ^[1-9][0-9]*$ ]] || die "--slices must be a positive integer, got '$slices'"
+[ "$slices" = 1 ] || [ "$queued" = 1 ] || die "--slices $slices creates a multislice queued resource: add --queued"
 multi_host=0
-if [ "$size" -gt 8 ]; then
+if [ "$size" -gt 8 ] || [ "$slices" -gt 1 ]; then
   multi_host=1
+  what="$type is a multi-host slice"
+  [ "$slices" -gt 1 ] && what="$slices slices of $type are several hosts"
   if [ "$command" = up ] || [ "$command" = train ]; then
-    [[ $checkpoint_dir == gs://* ]] || die "$type is a multi-host slice: every worker writes its shards of each" \
+    [[ $checkpoint_dir == gs://* ]] || die "$what: every worker writes its shards of each" \
       "checkpoint, so pass --checkpoint-dir gs://BUCKET/PATH (a path all workers reach)"
   fi
+fi
+nodes=("$name")  # the TPU VMs: one, or NAME-0 .. NAME-(N-1) of a multislice queued resource
+if [ "$slices" -gt 1 ]; then
+  nodes=()
+  for ((i = 0; i < slices; i++)); do nodes+=("$name-$i"); done
 fi
 if [ -n "$config" ] && [ ! -f "$config" ]; then
   die "config file '$config' not found"
@@ -101,6 +115,8 @@ where=(--zone "$zone")
 create() {
   if [ "$queued" = 1 ]; then
     local args=(--node-id "$name" --accelerator-type "$type" --runtime-version "$version")
+    [ "$slices" -gt 1 ] && args=(--node-count "$slices" --node-prefix "$name" --accelerator-type "$type"
+                                 --runtime-version "$version")
     [ -n "$capacity" ] && args+=("$capacity")
     run gcloud compute tpus queued-resources create "$name" "${where[@]}" "${args[@]}"
     echo "tpu_pod.sh: queued; 'gcloud compute tpus queued-resources describe $name --zone $zone' shows its state" >&2
@@ -112,12 +128,20 @@ create() {
   fi
 }
 
-ssh_all() { run gcloud compute tpus tpu-vm ssh "$name" "${where[@]}" --worker=all --command "$1"; }
+ssh_all() {  # every worker of every node
+  local node
+  for node in "${nodes[@]}"; do run gcloud compute tpus tpu-vm ssh "$node" "${where[@]}" --worker=all --command "$1"; done
+}
+
+scp_all() {  # a local file to every worker of every node
+  local node
+  for node in "${nodes[@]}"; do run gcloud compute tpus tpu-vm scp "$1" "$node:$2" "${where[@]}" --worker=all; done
+}
 
 install() {
   local archive=/tmp/trace-jax-$$.tar.gz
   run git archive --format=tar.gz -o "$archive" HEAD
-  run gcloud compute tpus tpu-vm scp "$archive" "$name:trace-jax.tar.gz" "${where[@]}" --worker=all
+  scp_all "$archive" trace-jax.tar.gz
   ssh_all "set -e; rm -rf $remote_dir; mkdir -p $remote_dir; tar -xzf trace-jax.tar.gz -C $remote_dir; \
 cd $remote_dir; python3 -m venv .venv; .venv/bin/pip install -q --upgrade pip; \
 .venv/bin/pip install -q -e '.[gcs]' 'jax[tpu]'; .venv/bin/python -c 'import jax; print(jax.devices())'"
@@ -129,7 +153,7 @@ train() {
   [ "$resume" = 1 ] && cmd+=(--resume)
   [ "$multi_host" = 1 ] && cmd+=(--multi-host)
   if [ -n "$config" ]; then
-    run gcloud compute tpus tpu-vm scp "$config" "$name:$remote_dir/launch_config.yaml" "${where[@]}" --worker=all
+    scp_all "$config" "$remote_dir/launch_config.yaml"
     cmd+=(--config launch_config.yaml)
   fi
   cmd+=("out_dir=$run_dir")
@@ -141,7 +165,8 @@ train() {
 }
 
 logs() {
-  run gcloud compute tpus tpu-vm ssh "$name" "${where[@]}" --worker=0 --command "tail -n +1 -F $remote_dir/logs/train.log"
+  run gcloud compute tpus tpu-vm ssh "${nodes[0]}" "${where[@]}" --worker=0 \
+    --command "tail -n +1 -F $remote_dir/logs/train.log"
 }
 
 delete() {

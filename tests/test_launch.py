@@ -69,10 +69,30 @@ def test_tpu_pod_multi_host_slice_trains_on_every_worker_joined_automatically():
     assert "--multi-host" not in one_host[0][-1] and "checkpoint_dir" not in one_host[0][-1]
 
 
+def test_tpu_pod_multislice_is_one_queued_resource_whose_every_node_trains():
+    result = launch("launch/tpu_pod.sh", "up", "--dry-run", "--queued", "--slices", "2", "--type", "v5p-8",
+                    "--name", "exp", "--checkpoint-dir", "gs://bucket/exp", "--", "steps=5")
+    assert result.returncode == 0, result.stderr
+    create, _, *rest = commands(result.stdout)
+    assert create == ["gcloud", "compute", "tpus", "queued-resources", "create", "exp", "--zone", "us-east5-b",
+                      "--node-count", "2", "--node-prefix", "exp", "--accelerator-type", "v5p-8",
+                      "--runtime-version", "v2-alpha-tpuv5"]
+    scp, install, train, logs = rest[0:2], rest[2:4], rest[4:6], rest[6]  # each on node exp-0, then exp-1
+    nodes = lambda cmds: [c[c.index("ssh") + 1] for c in cmds]
+    assert [c[-4].split(":")[0] for c in scp] == ["exp-0", "exp-1"] and nodes(install) == ["exp-0", "exp-1"]
+    assert nodes(train) == ["exp-0", "exp-1"] and all("--worker=all" in c for c in train)
+    assert all("trace-jax train --multi-host out_dir=runs/tpu checkpoint_dir=gs://bucket/exp steps=5" in c[-1]
+               for c in train)
+    assert logs[5] == "exp-0" and "--worker=0" in logs
+
+
 @pytest.mark.parametrize("args, message", [
     (["up", "--type", "v5litepod-16"], "v5litepod-16 is a multi-host slice: every worker writes"),
     (["train", "--type", "v4-32", "--checkpoint-dir", "runs/ckpt"], "pass --checkpoint-dir gs://BUCKET/PATH"),
     (["up", "--type", "a100-8"], "unknown accelerator type 'a100-8'"),
+    (["create", "--slices", "2"], "--slices 2 creates a multislice queued resource: add --queued"),
+    (["create", "--slices", "0", "--queued"], "--slices must be a positive integer, got '0'"),
+    (["up", "--slices", "2", "--queued"], "2 slices of v5litepod-8 are several hosts: every worker writes"),
     (["up", "--zonee", "x"], "unknown option '--zonee'"),
     (["launch"], "unknown command 'launch'"),
     (["train", "--config", "configs/nope.yaml"], "config file 'configs/nope.yaml' not found"),

@@ -1,5 +1,7 @@
 """Mesh sharding on 8 host CPU devices (set in conftest): real placement, same numerics."""
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,6 +12,7 @@ from tiny_qwen3 import write_tiny_qwen3
 from trace_jax import sharding as shd
 from trace_jax.config import MeshConfig
 from trace_jax.models import KVCache, ModelConfig, from_pretrained
+from trace_jax.sharding import device_grid
 
 CFG = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=8,
                   num_kv_heads=2, head_dim=16, rope_theta=1e4)
@@ -82,3 +85,19 @@ def test_cache_shardings_shard_rows_and_heads(mesh):
     placed = jax.device_put(cache, shardings)
     assert placed.k[0].sharding.spec == P(("data", "fsdp"), None, "tensor", None)
     assert placed.lengths.sharding.spec == P(("data", "fsdp"))
+
+
+def test_multislice_device_grid_keeps_fsdp_and_tensor_inside_a_slice():
+    """On 2 slices of 4 devices, the data axis alone crosses slices; a layout that would split an fsdp or tensor
+    group across slices is refused with the numbers."""
+    devices = [SimpleNamespace(id=i, slice_index=i // 4) for i in (4, 0, 5, 1, 6, 2, 7, 3)]  # interleaved order
+    grid = device_grid(devices, (4, 1, 2))
+    slice_of = np.vectorize(lambda d: d.slice_index)(grid)
+    assert (slice_of[:2] == 0).all() and (slice_of[2:] == 1).all()
+    assert [d.id for d in grid[:2].flat] == [0, 1, 2, 3]  # each slice keeps the devices' own order
+    grid = device_grid(devices, (2, 2, 2))
+    assert (np.vectorize(lambda d: d.slice_index)(grid) == np.array([0, 1])[:, None, None]).all()
+    with pytest.raises(ValueError, match=r"8 devices on 2 slices: mesh.data=1 must be a multiple of the slice count"):
+        device_grid(devices, (1, 4, 2))
+    single = [SimpleNamespace(id=i) for i in range(8)]
+    assert [d.id for d in device_grid(single, (2, 2, 2)).flat] == list(range(8))

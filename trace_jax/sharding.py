@@ -42,10 +42,30 @@ RULES: Rules = {
 
 
 def make_mesh(cfg: MeshConfig = MeshConfig(), devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh with classic GSPMD (Auto) axes over `devices` (default: all)."""
+    """A (data, fsdp, tensor) mesh with classic GSPMD (Auto) axes over `devices` (default: all); on several TPU
+    slices only the data axis crosses them (`device_grid`)."""
     devices = list(jax.devices()) if devices is None else list(devices)
-    shape = cfg.resolve(len(devices))
-    return Mesh(np.asarray(devices).reshape(shape), AXES, axis_types=(AxisType.Auto,) * len(AXES))
+    grid = device_grid(devices, cfg.resolve(len(devices)))
+    return Mesh(grid, AXES, axis_types=(AxisType.Auto,) * len(AXES))
+
+
+def device_grid(devices: Sequence, shape: tuple[int, int, int]) -> np.ndarray:
+    """`devices` laid out as a (data, fsdp, tensor) array. Devices of several slices (TPU multislice: the
+    `slice_index` of each) are grouped by slice along the data axis, so fsdp and tensor groups stay inside a
+    slice (its fast interconnect) and only the data axis's gradient reduction crosses the data-center network;
+    within a slice, the order of `devices`."""
+    slices = sorted({getattr(d, "slice_index", 0) for d in devices})
+    if len(slices) == 1:
+        return np.asarray(devices, dtype=object).reshape(shape)
+    data, fsdp, tensor = shape
+    per_slice = len(devices) // len(slices)
+    if data % len(slices) or any(sum(getattr(d, "slice_index", 0) == s for d in devices) != per_slice
+                                 for s in slices):
+        raise ValueError(f"{len(devices)} devices on {len(slices)} slices: mesh.data={data} must be a multiple of "
+                         f"the slice count and every slice must bring the same number of devices, so that only the "
+                         f"data axis crosses slices (set mesh.fsdp * mesh.tensor to divide {per_slice})")
+    ordered = sorted(devices, key=lambda d: getattr(d, "slice_index", 0))  # stable: each slice's own order
+    return np.asarray(ordered, dtype=object).reshape(len(slices), data // len(slices), fsdp, tensor).reshape(shape)
 
 
 def logical_spec(axes: Sequence[str | None], shape: Sequence[int], mesh: Mesh,
