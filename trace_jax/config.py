@@ -259,6 +259,7 @@ class TrainConfig:
     predictor_coef: float = 1.0  # weight of the success head's squared error in the same loss
     head_learning_rate: float = 1e-3  # the success head's own optimizer group (the policy uses learning_rate)
     predictor_backbone_grad: bool = False  # let the predictor loss train the shared backbone too
+    remat: bool = False  # the loss keeps each layer's input only and recomputes layers in the backward (less memory)
     warmup: WarmupConfig = WarmupConfig()  # the predictor warm-up before RL
     eval_every: int = 20  # steps between test-split evaluations (also at start and end)
     eval_batch: int = 128  # slots per evaluation rollout (one compilation)

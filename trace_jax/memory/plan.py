@@ -82,7 +82,8 @@ def step_shape(cfg: TrainConfig, preset: str | None = None) -> StepShape:
     largest = min(cfg.max_roots_per_prompt or m, m) if root_rule == "trace" else cfg.group_size
     return StepShape(model=model, model_source=source, pool=cfg.pool_size, prompt_width=width, roots=m,
                      continuations=n, largest_group=largest, max_turns=turns,
-                     slot_len=width + turns * (action + obs), obs_len=obs, reference=cfg.kl_coef > 0)
+                     slot_len=width + turns * (action + obs), obs_len=obs, reference=cfg.kl_coef > 0,
+                     remat=cfg.remat)
 
 
 @dataclasses.dataclass(frozen=True)

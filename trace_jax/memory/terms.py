@@ -43,6 +43,7 @@ class StepShape:
     slot_len: int  # L = P + T * (A + O)
     obs_len: int  # O tokens fed per observation
     reference: bool  # a frozen reference copy of the policy (kl_coef > 0)
+    remat: bool = False  # the loss forward through `Policy.remat_layers` (train.remat)
 
     @property
     def slots(self) -> int:
@@ -120,13 +121,20 @@ def layer_residuals(model: ModelConfig, rows: int, positions: int, size: Sizer) 
 
 
 def activation_bytes(shape: StepShape, rows: int, size: Sizer, policy_params: float) -> float:
-    """Per-chip bytes of the loss phase over `rows` slots: every layer's residuals (`layer_residuals`), the final
+    """Per-chip bytes of the loss phase over `rows` slots: every layer's residuals (`layer_residuals`; with remat,
+    every layer's input, one layer's residuals and two stacked copies of the layers' weights), the final
     norm, the loss head's four float32 [rows, L, V] arrays (the logits, their log-softmax saved for the
     backward, the entropy's exp(log p) and the logits' cotangent), the gradients (policy-sized; twice in chunks,
     `train.chunked` adds each chunk's to the running sum), and the weights' compute-dtype copies when they are
     stored in another dtype."""
     m, length = shape.model, shape.slot_len
     layers = m.num_layers * layer_residuals(m, rows, length, size)
+    if shape.remat:  # each layer's input, one layer's residuals at a time, the stacked weights and their gradient
+        mesh = tuple(size.mesh.axis_sizes)
+        one, two = (param_bytes(dataclasses.replace(m, num_layers=n), mesh) for n in (1, 2))
+        stacked = m.num_layers * (two - one)
+        layers = (m.num_layers * size((rows, length, m.hidden_size), ("batch", "seq", None), _itemsize(m.dtype))
+                  + layer_residuals(m, rows, length, size) + 2 * stacked)
     norm = size((rows, length, m.hidden_size), ("batch", "seq", None), 4 + 2 * _itemsize(m.dtype))
     head = 4 * size((rows, length, m.vocab_size), ("batch", "seq", "vocab"), 4)
     casts = policy_params * _itemsize(m.dtype) / _itemsize(m.param_dtype) if m.dtype != m.param_dtype else 0.0

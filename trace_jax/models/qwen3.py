@@ -157,26 +157,45 @@ class Policy(nnx.Module):
         """Success head V~: sigmoid of a linear read of the final hidden state [..., hidden] -> [...]."""
         return jax.nn.sigmoid(hidden.astype(jnp.float32) @ self.success_kernel[...] + self.success_bias[...])
 
+    def remat_layers(self, x: jax.Array, positions: jax.Array) -> jax.Array:
+        """The layers over x [rows, positions, hidden] without a cache, as one `lax.scan` over their stacked
+        weights whose body is rematerialised: a gradient keeps each layer's input only and recomputes one layer
+        at a time in the backward (the loop makes any backend's scheduler do so). Costs a stacked copy of the
+        layers' weights and one more forward."""
+        graphdef, _ = nnx.split(self.layers[0])
+        stacked = jax.tree.map(lambda *w: jnp.stack(w), *(nnx.state(layer) for layer in self.layers))
+
+        @jax.checkpoint
+        def body(x: jax.Array, weights: nnx.State) -> tuple[jax.Array, None]:
+            return nnx.merge(graphdef, weights)(x, positions, None)[0], None
+
+        return jax.lax.scan(body, x, stacked)[0]
+
     def __call__(self, input_ids: jax.Array, *, cache: KVCache | None = None,
-                 num_valid: jax.Array | None = None) -> ModelOutput:
+                 num_valid: jax.Array | None = None, remat: bool = False) -> ModelOutput:
         """Forward `input_ids` [rows, positions].
 
-        Without a cache: a causal pass over positions 0..n-1 (pads at the end are harmless).
+        Without a cache: a causal pass over positions 0..n-1 (pads at the end are harmless); remat: through
+        `remat_layers` (the same values; a gradient saves far less).
         With a cache: row b's tokens go to positions cache.lengths[b] + t; `num_valid` [rows] (default
         all n) of them are real and the returned cache's lengths advance by that much.
         """
+        if remat and cache is not None:
+            raise ValueError("remat applies to a forward without a cache (the training loss), not to decoding")
         b, t = input_ids.shape
         cfg = self.cfg
         start = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
         positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [rows, positions]
         x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(cfg.jnp_dtype)
         new_k, new_v = [], []
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate([] if remat else self.layers):
             layer_kv = None if cache is None else (cache.k[i], cache.v[i])
             x, layer_kv = layer(x, positions, layer_kv)
             if layer_kv is not None:
                 new_k.append(layer_kv[0])
                 new_v.append(layer_kv[1])
+        if remat:
+            x = self.remat_layers(x, positions)
         hidden = self.norm(x)
         logits, success = self.logits_from_hidden(hidden), self.success_from_hidden(hidden)
         new_cache = None

@@ -21,7 +21,7 @@ ITEMS = ("state", "meta")
 # evaluate and checkpoint, where the run, its checkpoints and the dataset live, the device layout. None alters the
 # algorithm or what the metrics measure. Keep the help of `trace-jax train --resume` in step.
 RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "out_dir", "checkpoint_dir",
-                     "data_dir", "mesh", "chunk_slots")  # chunk_slots: the same updates up to rounding
+                     "data_dir", "mesh", "chunk_slots", "remat")  # memory layout: the same updates up to rounding
 
 
 def run_checkpoints_dir(cfg: TrainConfig) -> epath.Path:

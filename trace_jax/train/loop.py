@@ -99,7 +99,7 @@ def step_spec(cfg: TrainConfig, budget: Budget, pad_id: int = protocol.PAD,
     return StepSpec(plan=Plan(allocator, roots=budget.roots, continuations=budget.continuations),
                     sampling=SamplingConfig(cfg.temperature, cfg.top_p), clip_eps=cfg.clip_eps,
                     kl_coef=cfg.kl_coef, predictor_coef=cfg.predictor_coef, pad_id=pad_id,
-                    predictor_backbone_grad=cfg.predictor_backbone_grad, mesh=mesh)
+                    predictor_backbone_grad=cfg.predictor_backbone_grad, mesh=mesh, remat=cfg.remat)
 
 
 def initial_state(cfg: TrainConfig, params: nnx.State, tx: optax.GradientTransformation) -> TrainState:

@@ -63,6 +63,7 @@ class StepSpec:
     pad_id: int
     predictor_backbone_grad: bool = False  # False: the predictor loss trains the head only
     mesh: Mesh | None = None  # slots (rollout and update rows) split over its data axes; None: not constrained
+    remat: bool = False  # the loss forward through `Policy.remat_layers`: the same values, far less saved
 
 
 HEAD_PARAMS = ("success_kernel", "success_bias")
@@ -165,7 +166,7 @@ def tree_grads(graphdef: nnx.GraphDef, spec: StepSpec, params: nnx.State, ref_pa
 
     def loss_fn(params):
         policy = nnx.merge(graphdef, params)
-        out = policy(tree.tokens)
+        out = policy(tree.tokens, remat=spec.remat)
         logp = next_token_logprobs(out.logits, tree.tokens, temperature)
         pg, aux = policy_loss(logp, tree.logprobs[:, 1:], mask, adv, spec.clip_eps, ref_logp, spec.kl_coef)
         read = jnp.take_along_axis(out.hidden, tree.read_positions()[..., None], axis=1)  # [S, T+1, D]
