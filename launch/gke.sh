@@ -12,7 +12,9 @@
 #   --image IMAGE          container image, e.g. us-docker.pkg.dev/PROJECT/REPO/trace-jax:TAG
 #   --accelerator TYPE     node selector gke-tpu-accelerator   [default tpu-v5-lite-podslice]
 #   --topology TOPOLOGY    node selector gke-tpu-topology      [default 2x4: one v5e host, 8 chips]
-#   --chips N              TPU chips the pod asks for          [default 8]
+#   --chips N              TPU chips each pod (host) asks for  [default 8]
+#   --hosts N              hosts of the slice, one pod each     [default 1; > 1: a multi-host topology, the pods
+#                          join through jax.distributed (train --multi-host) and need checkpoint_dir=gs://...]
 #   --max-restarts N       JobSet restarts after a failure     [default 3; a restart trains from scratch]
 #   --config FILE          a YAML config from configs/ (baked into the image)
 #   --dry-run              print the docker/kubectl commands instead of running them
@@ -26,6 +28,7 @@ image=""
 accelerator=tpu-v5-lite-podslice
 topology=2x4
 chips=8
+hosts=1
 max_restarts=3
 config=""
 dry=0
@@ -45,6 +48,7 @@ while [ $# -gt 0 ]; do
     --accelerator) accelerator=${2:?--accelerator needs a value}; shift 2 ;;
     --topology) topology=${2:?--topology needs a value}; shift 2 ;;
     --chips) chips=${2:?--chips needs a value}; shift 2 ;;
+    --hosts) hosts=${2:?--hosts needs a value}; shift 2 ;;
     --max-restarts) max_restarts=${2:?--max-restarts needs a value}; shift 2 ;;
     --config) config=${2:?--config needs a value}; shift 2 ;;
     --dry-run) dry=1; shift ;;
@@ -53,7 +57,14 @@ while [ $# -gt 0 ]; do
     *) die "unknown option '$1' (see: bash launch/gke.sh --help)" ;;
   esac
 done
-[[ $chips =~ ^[0-9]+$ && $max_restarts =~ ^[0-9]+$ ]] || die "--chips and --max-restarts take whole numbers"
+[[ $chips =~ ^[0-9]+$ && $max_restarts =~ ^[0-9]+$ && $hosts =~ ^[1-9][0-9]*$ ]] ||
+  die "--chips, --hosts and --max-restarts take whole numbers (--hosts at least 1)"
+if [ "$hosts" -gt 1 ] && { [ "$command" = render ] || [ "$command" = apply ]; }; then
+  gs=0
+  for o in "${overrides[@]}"; do [[ $o == checkpoint_dir=gs://* ]] && gs=1; done
+  [ "$gs" = 1 ] || die "--hosts $hosts: every pod writes its shards of each checkpoint, so pass" \
+    "-- checkpoint_dir=gs://BUCKET/PATH (a path all pods reach)"
+fi
 [[ $name =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] || die "--name '$name' must be a DNS label (a-z, 0-9, -)"
 if [ -n "$config" ] && [ ! -f "$config" ]; then
   die "config file '$config' not found (it must be in this checkout, which the image holds)"
@@ -61,9 +72,10 @@ fi
 
 need_image() { [ -n "$image" ] || die "$command needs --image (where the image is pushed)"; }
 
-# The container's arguments as a YAML flow list of JSON strings: train [--config F] key=value ...
+# The container's arguments as a YAML flow list of JSON strings: train [--multi-host] [--config F] key=value ...
 args_list() {
   local args=(train) out="" a
+  [ "$hosts" -gt 1 ] && args+=(--multi-host)
   [ -n "$config" ] && args+=(--config "$config")
   args+=("${overrides[@]}")
   for a in "${args[@]}"; do
@@ -84,6 +96,7 @@ render() {
     line=${line//'${TPU_ACCELERATOR}'/$accelerator}
     line=${line//'${TPU_TOPOLOGY}'/$topology}
     line=${line//'${TPU_CHIPS}'/$chips}
+    line=${line//'${HOSTS}'/$hosts}
     line=${line//'${MAX_RESTARTS}'/$max_restarts}
     line=${line//'${ARGS}'/$args}
     printf '%s\n' "$line"

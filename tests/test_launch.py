@@ -123,3 +123,19 @@ def test_gke_renders_a_jobset_with_the_training_arguments():
                      ["docker", "push", "img:2"]]
     bad = launch("launch/gke.sh", "apply", "--dry-run")
     assert bad.returncode == 2 and "apply needs --image" in bad.stderr and not bad.stdout
+
+
+def test_gke_multi_host_slice_runs_one_joined_pod_per_host():
+    result = launch("launch/gke.sh", "render", "--image", "img:1", "--topology", "4x4", "--chips", "4", "--hosts",
+                    "4", "--", "checkpoint_dir=gs://bucket/exp")
+    assert result.returncode == 0, result.stderr
+    jobset = yaml.safe_load(result.stdout)
+    job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert job["parallelism"] == job["completions"] == 4
+    assert jobset["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == \
+        "cloud.google.com/gke-nodepool"
+    (container,) = job["template"]["spec"]["containers"]
+    assert container["args"] == ["train", "--multi-host", "checkpoint_dir=gs://bucket/exp"]
+    assert container["resources"]["limits"]["google.com/tpu"] == 4
+    local = launch("launch/gke.sh", "render", "--image", "img:1", "--hosts", "2", "--", "steps=5")
+    assert local.returncode == 2 and "-- checkpoint_dir=gs://BUCKET/PATH" in local.stderr and not local.stdout
