@@ -140,6 +140,16 @@ def constrain_rows(tree, mesh: Mesh | None, rules: Rules | None = None):
     return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, KVCache))
 
 
+def constrain_vocab(logits: jax.Array, mesh: Mesh | None, rules: Rules | None = None) -> jax.Array:
+    """Inside jit: logits [rows, positions, V] split by rows over the batch axes and by vocabulary over the tensor
+    axis, as the LM head's weights are, so the loss's softmax reduces across devices instead of gathering the
+    whole vocabulary on each. The identity without a mesh."""
+    if mesh is None:
+        return logits
+    spec = logical_spec(("batch", "seq", "vocab"), logits.shape, mesh, rules)
+    return jax.lax.with_sharding_constraint(logits, NamedSharding(mesh, spec))
+
+
 def init_policy(cfg: ModelConfig, seed: int, mesh: Mesh | None = None, rules: Rules | None = None) -> Policy:
     """A randomly initialised policy whose parameters are created directly on their shardings."""
     if mesh is None:

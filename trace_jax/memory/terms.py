@@ -124,7 +124,8 @@ def activation_bytes(shape: StepShape, rows: int, size: Sizer, policy_params: fl
     """Per-chip bytes of the loss phase over `rows` slots: every layer's residuals (`layer_residuals`; with remat,
     every layer's input, one layer's residuals and two stacked copies of the layers' weights), the final
     norm, the loss head's four float32 [rows, L, V] arrays (the logits, their log-softmax saved for the
-    backward, the entropy's exp(log p) and the logits' cotangent), the gradients (policy-sized; twice in chunks,
+    backward, the entropy's exp(log p) and the logits' cotangent; with a KL term one more, the reference's
+    log-softmax), the gradients (policy-sized; twice in chunks,
     `train.chunked` adds each chunk's to the running sum), and the weights' compute-dtype copies when they are
     stored in another dtype."""
     m, length = shape.model, shape.slot_len
@@ -137,6 +138,8 @@ def activation_bytes(shape: StepShape, rows: int, size: Sizer, policy_params: fl
                   + layer_residuals(m, rows, length, size) + 2 * stacked)
     norm = size((rows, length, m.hidden_size), ("batch", "seq", None), 4 + 2 * _itemsize(m.dtype))
     head = 4 * size((rows, length, m.vocab_size), ("batch", "seq", "vocab"), 4)
+    if shape.reference:  # the frozen reference's float32 log-softmax, made beside the loss
+        head += size((rows, length, m.vocab_size), ("batch", "seq", "vocab"), 4)
     casts = policy_params * _itemsize(m.dtype) / _itemsize(m.param_dtype) if m.dtype != m.param_dtype else 0.0
     grads = policy_params * (2 if rows < shape.slots else 1)
     return layers + norm + head + grads + casts

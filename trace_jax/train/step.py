@@ -36,7 +36,7 @@ from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool, expand
 from trace_jax.rollout.sampling import policy_logprobs, token_logprobs
 from trace_jax.rollout.tree import Tree
-from trace_jax.sharding import constrain_rows
+from trace_jax.sharding import constrain_rows, constrain_vocab
 
 
 @jax.tree_util.register_dataclass
@@ -161,12 +161,13 @@ def tree_grads(graphdef: nnx.GraphDef, spec: StepSpec, params: nnx.State, ref_pa
     mask = tree.policy_mask[:, 1:]
     ref_logp = None
     if ref_params is not None:
-        ref_logits = nnx.merge(graphdef, ref_params)(tree.tokens).logits
+        ref_logits = constrain_vocab(nnx.merge(graphdef, ref_params)(tree.tokens).logits, spec.mesh)
         ref_logp = next_token_logprobs(ref_logits, tree.tokens, temperature)
 
     def loss_fn(params):
         policy = nnx.merge(graphdef, params)
         out = policy(tree.tokens, remat=spec.remat)
+        out = dataclasses.replace(out, logits=constrain_vocab(out.logits, spec.mesh))  # [S, L, V/tensor] per device
         logp = next_token_logprobs(out.logits, tree.tokens, temperature)
         pg, aux = policy_loss(logp, tree.logprobs[:, 1:], mask, adv, spec.clip_eps, ref_logp, spec.kl_coef)
         read = jnp.take_along_axis(out.hidden, tree.read_positions()[..., None], axis=1)  # [S, T+1, D]
