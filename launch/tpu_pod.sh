@@ -128,6 +128,21 @@ create() {
   fi
 }
 
+wait_active() {  # a queued resource: until its slices are provisioned (ACTIVE), before anything is copied to them
+  [ "$queued" = 1 ] || return 0
+  local describe=(gcloud compute tpus queued-resources describe "$name" "${where[@]}" --format 'value(state.state)')
+  if [ "$dry" = 1 ]; then
+    run "${describe[@]}"
+    return 0
+  fi
+  local state
+  while state=$("${describe[@]}") && [ "$state" != ACTIVE ]; do
+    case $state in FAILED|SUSPENDED) die "queued resource $name is $state" ;; esac
+    echo "tpu_pod.sh: queued resource $name is ${state:-not listed yet}; waiting for ACTIVE" >&2
+    sleep 30
+  done
+}
+
 ssh_all() {  # every worker of every node
   local node
   for node in "${nodes[@]}"; do run gcloud compute tpus tpu-vm ssh "$node" "${where[@]}" --worker=all --command "$1"; done
@@ -183,6 +198,6 @@ case $command in
   train) train ;;
   logs) logs ;;
   delete) delete ;;
-  up) create; install; train; logs ;;
+  up) create; wait_active; install; train; logs ;;
   *) die "unknown command '$command': use up, create, install, train, logs or delete" ;;
 esac

@@ -73,10 +73,11 @@ def test_tpu_pod_multislice_is_one_queued_resource_whose_every_node_trains():
     result = launch("launch/tpu_pod.sh", "up", "--dry-run", "--queued", "--slices", "2", "--type", "v5p-8",
                     "--name", "exp", "--checkpoint-dir", "gs://bucket/exp", "--", "steps=5")
     assert result.returncode == 0, result.stderr
-    create, _, *rest = commands(result.stdout)
+    create, wait, _, *rest = commands(result.stdout)
     assert create == ["gcloud", "compute", "tpus", "queued-resources", "create", "exp", "--zone", "us-east5-b",
                       "--node-count", "2", "--node-prefix", "exp", "--accelerator-type", "v5p-8",
                       "--runtime-version", "v2-alpha-tpuv5"]
+    assert wait[:6] == ["gcloud", "compute", "tpus", "queued-resources", "describe", "exp"]  # waits for ACTIVE
     scp, install, train, logs = rest[0:2], rest[2:4], rest[4:6], rest[6]  # each on node exp-0, then exp-1
     nodes = lambda cmds: [c[c.index("ssh") + 1] for c in cmds]
     assert [c[-4].split(":")[0] for c in scp] == ["exp-0", "exp-1"] and nodes(install) == ["exp-0", "exp-1"]
