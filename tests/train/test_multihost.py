@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from host_tree import expand_on_host_mesh
 from test_train import OVERRIDES, run_dirs  # noqa: F401 (run_dirs: the shared base policy and dataset fixture)
 
 from trace_jax.config import TrainConfig, load_config
@@ -108,3 +109,20 @@ def test_two_processes_train_like_one_process_with_all_devices_through_a_preempt
             np.testing.assert_allclose(y[key], x[key], rtol=1e-5, atol=1e-7, err_msg=f"step {x['step']} {key}")
     # prompt-level values: a process training on other rows than its own changes them
     assert _rows(one / "allocation.jsonl") == _rows(two / "allocation.jsonl")
+
+
+def test_two_processes_answer_their_own_slots_on_the_host_path(tmp_path):
+    """The host path (search QA's) over 2 processes x 4 devices: each process's environment answers only its
+    slots, and the tree is the one a process with all 8 devices expands."""
+    out = [tmp_path / f"tree{i}.json" for i in range(2)]
+    _two_processes(lambda port, i: [sys.executable, str(HERE / "two_process_host.py"), str(port), str(i), str(out[i])],
+                   timeout=300)
+    got = [json.loads(path.read_text()) for path in out]
+    tree, calls = expand_on_host_mesh()
+    for g in got:
+        for key, value in vars(tree).items():
+            np.testing.assert_allclose(np.asarray(g[key]), np.asarray(value), atol=1e-5, err_msg=key)
+    # each process answered the live slots of its 4 devices' rows: together, what one process answered
+    assert len(got[0]["calls"]) == len(got[1]["calls"]) == len(calls)
+    np.testing.assert_array_equal(np.add(got[0]["calls"], got[1]["calls"]), calls)
+    assert 0 < sum(got[0]["calls"]) < sum(calls) and 0 < sum(got[1]["calls"]) < sum(calls)

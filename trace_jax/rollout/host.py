@@ -9,6 +9,9 @@ observation) is compiled once per shapes; between turns the host answers every l
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +25,7 @@ from trace_jax.rollout.chunks import fork_chunk, start_chunk
 from trace_jax.rollout.engine import SamplingConfig, TurnSpec, host_turn_fns, run_turns_host
 from trace_jax.rollout.expand import Pool, join_phases, start_stage1, start_stage2
 from trace_jax.rollout.tree import Tree
+from trace_jax.sharding import constrain_rows
 
 
 @jax.tree_util.register_dataclass
@@ -48,10 +52,20 @@ class NoEnvState:
         return jnp.zeros_like(turns)
 
 
-_stage1 = jit_with_model(start_stage1, static_argnames=("plan", "pad_id"))
-_stage2 = jit_with_model(start_stage2, static_argnames=("plan", "pad_id"))
-_start_chunk = jit_with_model(start_chunk, static_argnames=("plan", "chunk_roots", "pad_id"))
-_fork_chunk = jit_with_model(fork_chunk, static_argnames=("plan", "pad_id"))
+def _on_mesh(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """fn with its outputs' rows split over `mesh` (a keyword; None: as they come), so that every array the host
+    loop passes on lives on the mesh's devices."""
+    @functools.wraps(fn)
+    def split(*args: Any, mesh: Mesh | None = None, **kwargs: Any) -> Any:
+        return constrain_rows(fn(*args, **kwargs), mesh)
+
+    return split
+
+
+_stage1 = jit_with_model(_on_mesh(start_stage1), static_argnames=("plan", "pad_id", "mesh"))
+_stage2 = jit_with_model(_on_mesh(start_stage2), static_argnames=("plan", "pad_id", "mesh"))
+_start_chunk = jit_with_model(_on_mesh(start_chunk), static_argnames=("plan", "chunk_roots", "pad_id", "mesh"))
+_fork_chunk = jit_with_model(_on_mesh(fork_chunk), static_argnames=("plan", "pad_id", "mesh"))
 _join = jax.jit(join_phases)
 
 
@@ -61,11 +75,11 @@ def expand_host(model: Policy, env: HostEnv, pool: Pool, key: jax.Array, *, plan
     environment written in JAX under the same key. mesh: each turn's slots are split over its data axes."""
     shape = NoEnvState.of(env)
     generate, append = host_turn_fns(model, TurnSpec.of(env), sampling, mesh)
-    ro, pool_v, m = _stage1(model, shape, pool, key, plan=plan, pad_id=pad_id)
+    ro, pool_v, m = _stage1(model, shape, pool, key, plan=plan, pad_id=pad_id, mesh=mesh)
     phases = [run_turns_host(generate, append, env, ro)]
     unplaced = jnp.zeros((), jnp.int32)
     if plan.continuations:
-        cont, unplaced = _stage2(model, shape, phases[0], m, key, plan=plan, pad_id=pad_id)
+        cont, unplaced = _stage2(model, shape, phases[0], m, key, plan=plan, pad_id=pad_id, mesh=mesh)
         phases.append(run_turns_host(generate, append, env, cont))
     tree, stats = _join(phases, unplaced)
     return tree, pool_v, stats
@@ -81,11 +95,11 @@ def rollout_host_chunk(model: Policy, env: HostEnv, pool: Pool, key: jax.Array, 
     shape = NoEnvState.of(env)
     generate, append = host_turn_fns(model, TurnSpec.of(env), sampling, mesh)
     ro, m = _start_chunk(model, shape, pool, key, prompt_of_slot, first_root, end_root, plan=plan,
-                         chunk_roots=chunk_roots, pad_id=pad_id)
+                         chunk_roots=chunk_roots, pad_id=pad_id, mesh=mesh)
     phases = [run_turns_host(generate, append, env, ro)]
     unplaced = jnp.zeros((), jnp.int32)
     if plan.continuations:
         cont, unplaced = _fork_chunk(model, shape, phases[0], m, key, first_root, first_cont, plan=plan,
-                                     pad_id=pad_id)
+                                     pad_id=pad_id, mesh=mesh)
         phases.append(run_turns_host(generate, append, env, cont))
     return _join(phases, unplaced)
