@@ -35,13 +35,19 @@ from trace_jax.sharding import constrain_rows, data_parallel_size, to_host
 @dataclasses.dataclass(frozen=True)
 class Chunk:
     """One chunk's rollout: its tree (R roots, then R*N continuations, parents chunk-local) and where its
-    slots sit in the whole step: roots [first_root, end_root), continuations from first_cont on."""
+    slots sit in the whole step: roots [first_root, end_root), its `conts` continuations from first_cont on."""
 
     tree: Tree
     first_root: int
     end_root: int
     first_cont: int
+    conts: int
     stats: dict[str, jax.Array]
+
+
+def runs_in_chunks(plan: Plan, chunk_slots: int) -> bool:
+    """Whether a step of `plan` runs in chunks: chunk_slots set and below its M * (1 + N) slots."""
+    return 0 < chunk_slots < plan.roots * (1 + plan.continuations)
 
 
 def check_chunk(plan: Plan, chunk_slots: int, rows_multiple: int = 1) -> int:
@@ -147,9 +153,8 @@ def place_chunks(chunks: list[Chunk], num_roots: int, num_cont: int, pad_id: int
     for c in chunks:
         r = c.tree.num_slots // (1 + num_cont)
         local = np.arange(c.tree.num_slots)
-        placed = int(to_host(c.tree.is_continuation.sum()))
         at = np.where(local < c.end_root - c.first_root, c.first_root + local,
-                      np.where((local >= r) & (local < r + placed), num_roots + c.first_cont + local - r, s))
+                      np.where((local >= r) & (local < r + c.conts), num_roots + c.first_cont + local - r, s))
         keep = np.flatnonzero(at < s)
         parent = jnp.where(c.tree.parent == Tree.NO_PARENT, Tree.NO_PARENT, c.tree.parent + c.first_root)
         rows.append(at[keep])
@@ -180,6 +185,7 @@ def expand_in_chunks(model: Policy, env: Any, pool: Pool, key: jax.Array, *, pla
     for lo, hi in chunk_bounds(to_host(prompt_of_slot), r):  # gathered when it spans processes
         tree, stats = run_chunk(model, env, pool, key, prompt_of_slot, lo, hi, first_cont, plan=plan,
                                 chunk_roots=r, sampling=sampling, pad_id=pad_id, mesh=mesh)
-        chunks.append(Chunk(tree, lo, hi, first_cont, stats))
-        first_cont += int(to_host(tree.is_continuation.sum()))
+        conts = int(to_host(tree.is_continuation.sum()))
+        chunks.append(Chunk(tree, lo, hi, first_cont, conts, stats))
+        first_cont += conts
     return place_chunks(chunks, plan.roots, plan.continuations, pad_id), pool_v, combine_stats(chunks), chunks

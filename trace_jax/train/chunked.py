@@ -18,7 +18,7 @@ from flax import nnx
 
 from trace_jax.envs.base import JaxEnv
 from trace_jax.objectives import node_targets
-from trace_jax.rollout.chunks import Chunk, check_chunk, expand_in_chunks
+from trace_jax.rollout.chunks import Chunk, check_chunk, expand_in_chunks, runs_in_chunks
 from trace_jax.rollout.expand import Pool
 from trace_jax.rollout.tree import Tree
 from trace_jax.sharding import constrain_rows, data_parallel_size
@@ -93,7 +93,6 @@ class ChunkedStep:
 def make_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: StepSpec, chunk_slots: int = 0) -> Step:
     """The training step of `spec`: `build_step` (one jitted program), or a `ChunkedStep` when chunk_slots is set
     and smaller than the step's M * (1 + N) slots."""
-    slots = spec.plan.roots * (1 + spec.plan.continuations)
-    if chunk_slots and chunk_slots < slots:
+    if runs_in_chunks(spec.plan, chunk_slots):
         return ChunkedStep(graphdef, tx, spec, chunk_slots)
     return build_step(graphdef, tx, spec)

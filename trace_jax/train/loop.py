@@ -30,7 +30,7 @@ from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.evaluate import predictor_quality, reliability, rollout_questions, success_by_hops
 from trace_jax.metrics import MetricsLogger, plot_metrics, plot_reliability, read_metrics, rewind_jsonl
 from trace_jax.models.qwen3 import Policy
-from trace_jax.rollout.chunks import expand_in_chunks, rollout_chunk
+from trace_jax.rollout.chunks import expand_in_chunks, rollout_chunk, runs_in_chunks
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool, expand_tree
 from trace_jax.rollout.host import expand_host, rollout_host_chunk
@@ -135,11 +135,13 @@ def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv | HostEnv, pools: 
     spec = WarmupSpec(batches=w.batches, group_size=w.group_size, roots=cfg.roots, continuations=cfg.continuations,
                       fit_steps=w.fit_steps, learning_rate=w.learning_rate,
                       sampling=SamplingConfig(cfg.temperature, cfg.top_p), pad_id=pad_id)
-    if 0 < cfg.chunk_slots < cfg.roots * (1 + cfg.continuations):
-        run_chunk = rollout_host_chunk if expand is expand_host else rollout_chunk
+    if cfg.chunk_slots:
+        whole, run_chunk = expand, rollout_host_chunk if expand is expand_host else rollout_chunk
 
-        def expand(*args, **kwargs):  # the same trees, chunk_slots slots at a time
-            return expand_in_chunks(*args, chunk_slots=cfg.chunk_slots, run_chunk=run_chunk, **kwargs)[:3]
+        def expand(*args, plan: Plan, **kwargs):  # the same trees, chunk_slots slots at a time where they exceed it
+            if not runs_in_chunks(plan, cfg.chunk_slots):
+                return whole(*args, plan=plan, **kwargs)
+            return expand_in_chunks(*args, plan=plan, chunk_slots=cfg.chunk_slots, run_chunk=run_chunk, **kwargs)[:3]
     t0 = time.perf_counter()
     _, report = warm_up_predictor(model, env, pools, jax.random.key(cfg.seed + 3), spec, expand)
     print(f"train: predictor warm-up on {w.batches} uniform-tree pools ({time.perf_counter() - t0:.0f} s), held out: "

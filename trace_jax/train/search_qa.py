@@ -30,7 +30,7 @@ from trace_jax.metrics import MetricsLogger, plot_metrics, read_metrics, rewind_
 from trace_jax.models import from_pretrained, save_pretrained
 from trace_jax.models.qwen3 import Policy
 from trace_jax.retrieval.client import RetrieverClient
-from trace_jax.rollout.chunks import Chunk, expand_in_chunks
+from trace_jax.rollout.chunks import Chunk, expand_in_chunks, runs_in_chunks
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
 from trace_jax.rollout.host import expand_host, rollout_host_chunk
@@ -98,17 +98,12 @@ def evaluate(model: Policy, env: SearchQAEnv, questions: Questions, cfg: TrainCo
     return {f"eval/{d}/{m}": v for d, r in rows.items() for m, v in r.items()}, markdown(per, sizes)
 
 
-def chunks_of(spec: StepSpec, chunk_slots: int) -> bool:
-    """Whether a step of `spec` runs in chunks: chunk_slots set and below its M * (1 + N) slots."""
-    return 0 < chunk_slots < spec.plan.roots * (1 + spec.plan.continuations)
-
-
 def expand_step(model: Policy, env: SearchQAEnv, pool: Pool, key: jax.Array, spec: StepSpec, chunk_slots: int
                 ) -> tuple[Tree, jax.Array, dict[str, jax.Array], list[Chunk] | None]:
     """(tree, pool_v, stats, chunks) of one step with the environment on the host: `expand_host`, or
     `expand_in_chunks` of chunk_slots slots (chunks None when not chunked)."""
     kwargs = dict(plan=spec.plan, sampling=spec.sampling, pad_id=spec.pad_id, mesh=spec.mesh)
-    if chunks_of(spec, chunk_slots):
+    if runs_in_chunks(spec.plan, chunk_slots):
         return expand_in_chunks(model, env, pool, key, chunk_slots=chunk_slots, run_chunk=rollout_host_chunk,
                                 **kwargs)
     return (*expand_host(model, env, pool, key, **kwargs), None)
@@ -149,7 +144,7 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
         budget = equal_cost_budget(cfg, probe)
     spec = step_spec(cfg, budget, pad_id, mesh)
     update = build_update(graphdef, tx, spec)
-    chunked = ChunkedStep(graphdef, tx, spec, cfg.chunk_slots) if chunks_of(spec, cfg.chunk_slots) else None
+    chunked = ChunkedStep(graphdef, tx, spec, cfg.chunk_slots) if runs_in_chunks(spec.plan, cfg.chunk_slots) else None
     key = jax.random.key(cfg.seed)
     print(f"train: search_qa, {cfg.allocator}, pool B={cfg.pool_size}, roots M={budget.roots}, continuations "
           f"N={budget.continuations}, group G={budget.group_size}, {len(questions.train.ids)} training questions, "
