@@ -137,13 +137,14 @@ def _eval(args: argparse.Namespace) -> int:
         from trace_jax.checkpoints import load_model
 
         model = load_model(checkpoint)
-    scores, table = evaluate(model, env, questions, cfg, 0)
+    scores, table, answers = evaluate(model, env, questions, cfg, 0)
     out = Path(args.out or checkpoint.parent / "eval")
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(scores, indent=1))
     (out / "eval.md").write_text(table)
+    (out / "eval_answers.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
     print(table)
-    print(f"eval: {out / 'eval.json'} and {out / 'eval.md'}")
+    print(f"eval: {out / 'eval.json'}, {out / 'eval.md'} and each question's answer in {out / 'eval_answers.jsonl'}")
     return 0
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 from tqdm.auto import tqdm
 
+from trace_jax import sharding as shd
 from trace_jax.allocation import one_episode_per_prompt
 from trace_jax.data.search_qa_prompts import QuestionSet
 from trace_jax.envs.search_qa.answers import score
@@ -28,22 +30,29 @@ def responses(tree: Tree, tokenizer) -> list[str]:
 
 
 def evaluate_set(model: Policy, env: SearchQAEnv, questions: QuestionSet, batch: int, key: jax.Array,
-                 sampling: SamplingConfig, pad_id: int) -> dict[str, float]:
-    """Mean EM, F1 and sub-EM over the set, one episode per question, in fixed-size batches (one compilation)."""
+                 sampling: SamplingConfig, pad_id: int, mesh: Mesh | None = None
+                 ) -> tuple[dict[str, float], list[dict]]:
+    """(mean EM, F1 and sub-EM over the set, one {"question", "response", "em", "f1", "sub_em"} per question): one
+    episode per question, in fixed-size batches (one compilation). mesh: each batch's rows are split over its batch
+    axes (each process's environment answers its own rows)."""
     totals = dict.fromkeys(METRICS, 0.0)
+    answers = []
     plan = one_episode_per_prompt(batch)
     n = len(questions.ids)
-    for i, lo in enumerate(tqdm(range(0, n, batch), desc="eval", leave=False)):
+    for i, lo in enumerate(tqdm(range(0, n, batch), desc="eval", leave=False, disable=jax.process_index() > 0)):
         rows = np.minimum(np.arange(lo, lo + batch), n - 1)  # the last batch repeats its last row; ignored
-        pool = Pool(tokens=jnp.asarray(questions.tokens[rows]), lengths=jnp.asarray(questions.lengths[rows]),
-                    question=jnp.asarray(questions.ids[rows]))
+        pool = Pool(tokens=questions.tokens[rows], lengths=questions.lengths[rows], question=questions.ids[rows])
+        pool = jax.tree.map(jnp.asarray, pool) if mesh is None else shd.rows_on(pool, mesh)
         tree, _, _ = expand_host(model, env, pool, jax.random.fold_in(key, i), plan=plan, sampling=sampling,
-                                 pad_id=pad_id)
-        texts = responses(jax.device_get(tree), env.tokenizer)
+                                 pad_id=pad_id, mesh=mesh)
+        texts = responses(shd.to_host(tree), env.tokenizer)
         for slot in range(min(batch, n - lo)):  # slot s of this plan plays pool prompt s
-            for k, v in score(texts[slot], env.golds[int(questions.ids[lo + slot])]).items():
+            question = int(questions.ids[lo + slot])
+            scores = score(texts[slot], env.golds[question])
+            for k, v in scores.items():
                 totals[k] += v
-    return {k: v / max(n, 1) for k, v in totals.items()}
+            answers.append({"question": question, "response": texts[slot], **scores})
+    return {k: v / max(n, 1) for k, v in totals.items()}, answers
 
 
 def averages(per_dataset: dict[str, dict[str, float]], sizes: dict[str, int]) -> dict[str, dict[str, float]]:

@@ -211,6 +211,12 @@ def put_global(tree, shardings):
     return jax.tree.map(one, tree, shardings)
 
 
+def rows_on(tree, mesh: Mesh, rules: Rules | None = None):
+    """Each array leaf of `tree` (the same value on every process) with its rows split over `mesh`'s batch axes
+    (`batch_sharding`); each process copies only the rows its devices hold."""
+    return put_global(tree, jax.tree.map(lambda x: batch_sharding(np.shape(x), mesh, rules), tree))
+
+
 def to_host(tree):
     """Every array leaf of `tree` as numpy, gathered from all processes when it spans several."""
     def one(x):

@@ -28,10 +28,11 @@ def index(kit):
 
 
 class Counting:
-    """The index behind the server, counting the queries it answers; `fail_when()` true: the server dies."""
+    """The index behind the server, counting the queries it answers (`seen`: their texts); `fail_when()` true: the
+    server dies."""
 
     def __init__(self, index, fail_when=lambda: False):
-        self.index, self.fail_when, self.queries = index, fail_when, 0
+        self.index, self.fail_when, self.queries, self.seen = index, fail_when, 0, []
         self.server = None
 
     def search(self, queries, topk):
@@ -39,6 +40,7 @@ class Counting:
             threading.Thread(target=self.server.shutdown).start()  # killed: nothing answers from now on
             raise ConnectionError("retriever killed")
         self.queries += len(queries)
+        self.seen += queries
         return self.index.search(queries, topk)
 
 

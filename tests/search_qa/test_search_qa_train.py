@@ -42,6 +42,9 @@ def test_trace_steps_a_dead_retriever_resume_evaluation_and_export(kit, serve, t
     assert [r["step"] for r in read_metrics(run)] == [0, 1, 2]
     assert "eval/weighted/em" in read_metrics(run)[-1]
     assert "resumed from step 1" in capsys.readouterr().out
+    logged = [json.loads(line) for line in (run / "eval_answers.jsonl").read_text().splitlines()]
+    datasets = ["nq"] * 4 + ["hotpotqa"] * 4  # step 0's answers kept, step 2's written after the resume
+    assert [(a["step"], a["dataset"]) for a in logged] == [(s, d) for s in (0, 2) for d in datasets]
 
     # the export loads in transformers and computes what our model computes
     hf = Qwen3ForCausalLM.from_pretrained(run / "hf").eval()
@@ -58,3 +61,6 @@ def test_trace_steps_a_dead_retriever_resume_evaluation_and_export(kit, serve, t
     assert set(scores) == {f"eval/{d}/{m}" for d in ("nq", "hotpotqa", "average", "weighted")
                            for m in ("em", "f1", "sub_em")}
     assert "| weighted | 8 |" in (run / "eval" / "eval.md").read_text()
+    answers = [json.loads(line) for line in (run / "eval" / "eval_answers.jsonl").read_text().splitlines()]
+    assert [a["dataset"] for a in answers] == ["nq"] * 4 + ["hotpotqa"] * 4 and all(a["response"] for a in answers)
+    assert np.mean([a["f1"] for a in answers if a["dataset"] == "nq"]) == scores["eval/nq/f1"]

@@ -2,18 +2,14 @@
 pool from per-process rows, one stop decision, and the same training metrics."""
 
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from host_tree import expand_on_host_mesh
+from processes import two_processes
 from test_train import OVERRIDES, run_dirs  # noqa: F401 (run_dirs: the shared base policy and dataset fixture)
 
 from trace_jax.config import TrainConfig, load_config
@@ -23,46 +19,9 @@ from trace_jax.train.loop import train
 HERE = Path(__file__).parent
 # pool_size=8 on 8 devices: one row per device, so each process holds (and loads) half of every pool
 TWO_STEPS = [*OVERRIDES, "pool_size=8", "roots=8", "steps=2", "warmup.batches=0"]
-FOUR_DEVICES = {**os.environ,
-                "XLA_FLAGS": "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
-def _two_processes(make_cmd, timeout: float, codes: tuple[int, int] = (0, 0), signal_process_1=None
-                   ) -> list[subprocess.CompletedProcess]:
-    """Runs make_cmd(port, process_id) for ids 0 and 1 together and checks their exit codes; if one fails, the other
-    is ended (it would wait for its peer until jax.distributed's timeout). signal_process_1: a condition polled
-    while they run; once it holds, process 1 (only) gets SIGTERM."""
-    port = _free_port()
-    procs = [subprocess.Popen(make_cmd(port, i), env=FOUR_DEVICES, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for i in range(2)]
-    deadline = time.time() + timeout
-    try:
-        while any(p.poll() is None for p in procs):
-            if time.time() > deadline or any(p.poll() not in (None, *codes) for p in procs):
-                break
-            if signal_process_1 is not None and signal_process_1():
-                procs[1].send_signal(signal.SIGTERM)
-                signal_process_1 = None
-            time.sleep(0.2)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    outs = [p.communicate() for p in procs]
-    for i, (p, code, (_, err)) in enumerate(zip(procs, codes, outs)):
-        assert p.returncode == code, f"process {i} exited with {p.returncode}, not {code}:\n{err[-3000:]}"
-    return [subprocess.CompletedProcess(p.args, p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
-
-
 def test_each_process_loads_its_half_of_the_global_pool(run_dirs):  # noqa: F811
     paths = [f"init_checkpoint={run_dirs / 'base'}", f"data_dir={run_dirs / 'tfds'}"]
-    runs = _two_processes(lambda port, i: [sys.executable, str(HERE / "two_process_pool.py"), str(port), str(i),
+    runs = two_processes(lambda port, i: [sys.executable, str(HERE / "two_process_pool.py"), str(port), str(i),
                                            *TWO_STEPS, *paths], timeout=120)
     got = [json.loads(next(line for line in r.stdout.splitlines() if line.startswith("{"))) for r in runs]
     assert [g["rows"] for g in got] == [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -79,17 +38,18 @@ def _rows(path: Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k != "step_seconds"} for line in lines]
 
 
-@pytest.mark.slow  # ~5 min on 2 CPU cores: 2 + 1 processes compiling the step and evaluation
+@pytest.mark.slow  # ~5 min on 2 CPU cores: 2 + 1 processes compiling the warm-up, the step and evaluation
 def test_two_processes_train_like_one_process_with_all_devices_through_a_preemption(run_dirs, tmp_path):  # noqa: F811
-    """Two processes train 3 steps; SIGTERM reaches process 1 alone during step 2, yet both stop after the same step,
-    checkpointed (exit 143), and --resume finishes the run. Its metrics equal one process's with 8 devices."""
-    args = [*TWO_STEPS, "steps=3", "checkpoint_every=1", f"init_checkpoint={run_dirs / 'base'}",
+    """Two processes warm the predictor up and train 3 steps; SIGTERM reaches process 1 alone during step 2, yet
+    both stop after the same step, checkpointed (exit 143), and --resume finishes the run. Its metrics equal one
+    process's with 8 devices."""
+    args = [*TWO_STEPS, "steps=3", "checkpoint_every=1", "warmup.batches=1", f"init_checkpoint={run_dirs / 'base'}",
             f"data_dir={run_dirs / 'tfds'}"]
     two, one = tmp_path / "two", tmp_path / "one"
     train_cmd = lambda *flags: lambda port, i: [
         sys.executable, "-m", "trace_jax.cli", "train", "--coordinator", f"localhost:{port}", "--num-processes", "2",
         "--process-id", str(i), *flags, *args, f"out_dir={two}"]
-    runs = _two_processes(train_cmd(), timeout=600, codes=(143, 143),
+    runs = two_processes(train_cmd(), timeout=600, codes=(143, 143),
                           signal_process_1=lambda: (two / "checkpoints" / "1" / "meta").exists())
     # gloo's C++ threads log their connections to stdout, interleaved (lines split, blank lines): ours is the rest
     printed = [[line for line in r.stdout.splitlines() if line.strip() and not re.search(r"\[Gloo\]|peer ranks", line)]
@@ -98,7 +58,7 @@ def test_two_processes_train_like_one_process_with_all_devices_through_a_preempt
     stopped = [int(re.search(r"preempted \(SIGTERM\) after step (\d+)", r.stderr).group(1)) for r in runs]
     assert stopped == [2, 2]
     assert sorted(p.name for p in (two / "checkpoints").iterdir()) == ["1", "2"]
-    _two_processes(train_cmd("--resume"), timeout=600)
+    two_processes(train_cmd("--resume"), timeout=600)
     train(load_config(TrainConfig, None, [*args, f"out_dir={one}"]))  # 8 devices, this process
 
     a, b = _rows(one / "metrics.jsonl"), _rows(two / "metrics.jsonl")
@@ -115,7 +75,7 @@ def test_two_processes_answer_their_own_slots_on_the_host_path(tmp_path):
     """The host path (search QA's) over 2 processes x 4 devices: each process's environment answers only its
     slots, and the tree is the one a process with all 8 devices expands."""
     out = [tmp_path / f"tree{i}.json" for i in range(2)]
-    _two_processes(lambda port, i: [sys.executable, str(HERE / "two_process_host.py"), str(port), str(i), str(out[i])],
+    two_processes(lambda port, i: [sys.executable, str(HERE / "two_process_host.py"), str(port), str(i), str(out[i])],
                    timeout=300)
     got = [json.loads(path.read_text()) for path in out]
     tree, calls = expand_on_host_mesh()

@@ -154,15 +154,19 @@ def from_pretrained(hf_dir: str | Path, *, dtype: DTypeLike | None = None, mesh:
 
 
 def save_pretrained(model: Policy, out_dir: str | Path) -> Path:
-    """Write `model` as an HF Qwen3 checkpoint that transformers loads; returns `out_dir`."""
+    """Write `model` as an HF Qwen3 checkpoint that transformers loads; returns `out_dir`. Across processes every
+    process calls it (the parameters are gathered from all) and process 0 writes."""
+    from trace_jax import sharding as shd
+
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
-    flat = {path: var.get_value() for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    flat = shd.to_host({path: var.get_value() for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))})
+    if jax.process_index() > 0:
+        return out_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
 
     def collect(entries: Iterator[Entry]) -> dict[str, np.ndarray]:
-        return {hf: np.ascontiguousarray(to_hf(np.asarray(jax.device_get(flat[ours]))))
-                for ours, hf, _, to_hf in entries}
+        return {hf: np.ascontiguousarray(to_hf(flat[ours])) for ours, hf, _, to_hf in entries}
 
     save_file(collect(_weight_map(cfg)), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     save_file(collect(_success_map()), str(out_dir / SUCCESS_HEAD_FILE))

@@ -229,9 +229,6 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
     config it was saved with beyond `checkpoint.RESUMABLE_CHANGES` (unless `allow_config_change`).
     """
     if cfg.env == "search_qa":
-        if jax.process_count() > 1:
-            raise ValueError("env=search_qa trains in one process (its pools, warm-up readings, evaluation and export "
-                             "are not split over processes yet); run it without --multi-host / --coordinator")
         from trace_jax.train.search_qa import train_search_qa
 
         return train_search_qa(cfg, resume, allow_config_change)

@@ -4,6 +4,9 @@ Each step: a pool of training questions, the tree rolled out through the host pa
 stage 1, the turns with one retriever call per turn, stage 2), then targets, advantages, loss and the
 optax update as one compiled function (`train.step.build_update`). Evaluation reports EM / F1 / sub-EM
 per dataset. At the end the policy is exported as an HF checkpoint with its tokenizer.
+
+Across processes (`trace-jax train --multi-host`) every process holds the questions, places only its rows of
+each pool, and its environment calls the retriever for its own slots only; process 0 writes the run's files.
 """
 
 from __future__ import annotations
@@ -13,13 +16,13 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import yaml
 from flax import nnx
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from trace_jax import distributed
 from trace_jax import sharding as shd
 from trace_jax.config import TrainConfig, to_dict
 from trace_jax.data.search_qa_prompts import Questions, load_questions
@@ -35,7 +38,13 @@ from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
 from trace_jax.rollout.host import expand_host, rollout_host_chunk
 from trace_jax.rollout.tree import Tree
-from trace_jax.train.checkpoint import RunCheckpoints, abstract_state, check_resume_config, newest_meta
+from trace_jax.train.checkpoint import (
+    RunCheckpoints,
+    abstract_state,
+    check_resume_config,
+    newest_meta,
+    run_checkpoints_dir,
+)
 from trace_jax.train.chunked import ChunkedStep
 from trace_jax.train.loop import (
     ALLOCATION_FILE,
@@ -50,6 +59,7 @@ from trace_jax.train.loop import (
 from trace_jax.train.preemption import sigterm_stops
 from trace_jax.train.step import StepSpec, build_update, make_optimizer, rollout_metrics
 
+ANSWERS_FILE = "eval_answers.jsonl"  # one line per evaluated question: {"step", "dataset", "question", "response", ...}
 PLOT_KEYS = ("reward", "effective_ratio", "eval/average/em", "eval/average/f1", "predictor_loss", "root_auc",
              "generated_tokens", "tool_calls", "entropy", "utilisation")
 
@@ -68,34 +78,38 @@ def load_tokenizer(policy_dir: str | Path) -> PreTrainedTokenizerBase:
 def setup(cfg: TrainConfig) -> tuple[PreTrainedTokenizerBase, Questions, SearchQAEnv]:
     sq = cfg.search_qa
     tokenizer = load_tokenizer(sq.policy_dir)
-    questions = load_questions(sq, cfg.data_dir, tokenizer, tokenizer.pad_token_id)
+    questions = distributed.main_first("search-qa data", lambda: load_questions(sq, cfg.data_dir, tokenizer,
+                                                                                 tokenizer.pad_token_id))
     if questions.skipped:
         print(f"search_qa: skipped {questions.skipped} questions longer than prompt_len={sq.prompt_len} tokens")
     env = SearchQAEnv(tokenizer, questions.golds, RetrieverClient(sq.retriever).retrieve, sq)
     return tokenizer, questions, env
 
 
-def pool_at(cfg: TrainConfig, questions: Questions, step: int, stream: int = 0) -> Pool:
+def pool_at(cfg: TrainConfig, questions: Questions, step: int, mesh: jax.sharding.Mesh, stream: int = 0) -> Pool:
     """Step `step`'s pool: pool_size training questions drawn from (seed, stream, step) alone, so a resumed run
-    sees the same pools (stream 1: the predictor warm-up's)."""
+    (and every process) sees the same pools (stream 1: the predictor warm-up's); rows split over the mesh."""
     train = questions.train
     rows = np.random.default_rng([cfg.seed, stream, step]).choice(len(train.ids), cfg.pool_size,
                                                                   replace=len(train.ids) < cfg.pool_size)
-    return Pool(tokens=jnp.asarray(train.tokens[rows]), lengths=jnp.asarray(train.lengths[rows]),
-                question=jnp.asarray(train.ids[rows]))
+    return shd.rows_on(Pool(tokens=train.tokens[rows], lengths=train.lengths[rows], question=train.ids[rows]), mesh)
 
 
-def evaluate(model: Policy, env: SearchQAEnv, questions: Questions, cfg: TrainConfig, step: int
-             ) -> tuple[dict[str, float], str]:
-    """(eval/<dataset>/<metric> and eval/{average,weighted}/<metric>, the Markdown table)."""
+def evaluate(model: Policy, env: SearchQAEnv, questions: Questions, cfg: TrainConfig, step: int,
+             mesh: jax.sharding.Mesh | None = None) -> tuple[dict[str, float], str, list[dict]]:
+    """(eval/<dataset>/<metric> and eval/{average,weighted}/<metric>, the Markdown table, one {"dataset",
+    "question", "response", "em", "f1", "sub_em"} per question). mesh: the one the model's parameters are on,
+    over whose batch axes each batch's rows are split (None: one device)."""
     sampling = SamplingConfig(cfg.temperature, cfg.top_p)
     key = jax.random.fold_in(jax.random.key(cfg.seed + 7), step)
-    per = {d: evaluate_set(model, env, qs, cfg.eval_batch, jax.random.fold_in(key, i), sampling,
-                           env.tokenizer.pad_token_id)
-           for i, (d, qs) in enumerate(questions.evals.items())}
+    per, answers = {}, []
+    for i, (d, qs) in enumerate(questions.evals.items()):
+        per[d], got = evaluate_set(model, env, qs, cfg.eval_batch, jax.random.fold_in(key, i), sampling,
+                                   env.tokenizer.pad_token_id, mesh)
+        answers += [{"dataset": d, **a} for a in got]
     sizes = {d: len(qs.ids) for d, qs in questions.evals.items()}
     rows = {**per, **averages(per, sizes)}
-    return {f"eval/{d}/{m}": v for d, r in rows.items() for m, v in r.items()}, markdown(per, sizes)
+    return {f"eval/{d}/{m}": v for d, r in rows.items() for m, v in r.items()}, markdown(per, sizes), answers
 
 
 def expand_step(model: Policy, env: SearchQAEnv, pool: Pool, key: jax.Array, spec: StepSpec, chunk_slots: int
@@ -112,21 +126,23 @@ def expand_step(model: Policy, env: SearchQAEnv, pool: Pool, key: jax.Array, spe
 def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = False) -> dict[str, float]:
     out = Path(cfg.out_dir)
     if resume:
-        checked, meta = newest_meta(out / "checkpoints")
+        checked, meta = newest_meta(run_checkpoints_dir(cfg))
         check_resume_config(cfg, checked, meta["config"], allow_config_change)
     tokenizer, questions, env = setup(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    main = distributed.is_main()  # the process that writes the run's files (every process checkpoints)
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     mesh = shd.make_mesh(cfg.mesh)
     check_fits(cfg, mesh)  # before the weights load: fails naming the bytes when the step cannot fit the devices
     model = from_pretrained(cfg.search_qa.policy_dir, mesh=mesh)
     pad_id = tokenizer.pad_token_id
-    warmup = {} if resume else warm_up(cfg, model, env, lambda i: pool_at(cfg, questions, i, stream=1), pad_id,
+    warmup = {} if resume else warm_up(cfg, model, env, lambda i: pool_at(cfg, questions, i, mesh, stream=1), pad_id,
                                        expand_host)  # a resumed state already holds the warmed-up head
     graphdef, params = nnx.split(model)
     tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm, cfg.head_learning_rate)
     state = initial_state(cfg, params, tx)
-    ckpts = RunCheckpoints(out / "checkpoints", cfg.keep_checkpoints)
+    ckpts = RunCheckpoints(run_checkpoints_dir(cfg), cfg.keep_checkpoints)
     start = 0
     if resume:
         start, state, meta = ckpts.restore_latest(abstract_state(state))
@@ -136,10 +152,10 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
         print(f"train: resumed from step {start} ({ckpts.directory})")
     else:
         def probe(spec):
-            pool = pool_at(cfg, questions, 0)
+            pool = pool_at(cfg, questions, 0, mesh)
             spec = dataclasses.replace(spec, pad_id=pad_id)  # equal_cost_budget's spec has HopWorld's pad
             tree, _, stats, _ = expand_step(model, env, pool, jax.random.key(cfg.seed + 1), spec, cfg.chunk_slots)
-            return jax.device_get(rollout_metrics(tree, pool, stats))
+            return shd.to_host(rollout_metrics(tree, pool, stats))
 
         budget = equal_cost_budget(cfg, probe)
     spec = step_spec(cfg, budget, pad_id, mesh)
@@ -149,24 +165,30 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
     print(f"train: search_qa, {cfg.allocator}, pool B={cfg.pool_size}, roots M={budget.roots}, continuations "
           f"N={budget.continuations}, group G={budget.group_size}, {len(questions.train.ids)} training questions, "
           f"retriever {cfg.search_qa.retriever.url}, mesh {dict(mesh.shape)}")
-    rewind_jsonl(out / ALLOCATION_FILE, start if resume else -1)
+    for name in (ALLOCATION_FILE, ANSWERS_FILE) if main else ():  # like metrics.jsonl: a fresh run starts anew
+        rewind_jsonl(out / name, start if resume else -1)
     last: dict[str, float] = {}
 
     def log_eval(step: int, metrics: dict[str, float]) -> None:
-        scores, table = evaluate(nnx.merge(graphdef, state.params), env, questions, cfg, step)
+        scores, table, answers = evaluate(nnx.merge(graphdef, state.params), env, questions, cfg, step, mesh)
         metrics.update(scores)
-        (out / "eval.md").write_text(f"Step {step}: one sampled episode per question (%).\n\n{table}")
-        tqdm.write(f"train: step {step} evaluation\n{table}")
+        for answer in answers:
+            log.append(ANSWERS_FILE, {"step": step, **answer})
+        if main:
+            (out / "eval.md").write_text(f"Step {step}: one sampled episode per question (%).\n\n{table}")
+            tqdm.write(f"train: step {step} evaluation\n{table}")
 
-    with MetricsLogger(out, resume_from_step=start if resume else None) as log, sigterm_stops() as stop_requested:
+    with MetricsLogger(out, resume_from_step=start if resume else None, active=main) as log, \
+            sigterm_stops() as stop_requested:
         if start == 0:
             first = dict(warmup)
             log_eval(0, first)
             log.log(0, first)
-        bar = tqdm(range(start + 1, cfg.steps + 1), desc=f"train {cfg.allocator}", initial=start, total=cfg.steps)
+        bar = tqdm(range(start + 1, cfg.steps + 1), desc=f"train {cfg.allocator}", initial=start, total=cfg.steps,
+                   disable=not main)
         for step in bar:
             t0 = time.perf_counter()
-            pool = pool_at(cfg, questions, step)
+            pool = pool_at(cfg, questions, step, mesh)
             tree, pool_v, stats, chunks = expand_step(nnx.merge(graphdef, state.params), env, pool,
                                                       jax.random.fold_in(key, step), spec, cfg.chunk_slots)
             rollout_s = time.perf_counter() - t0
@@ -181,10 +203,12 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
             log.log(step, last)
             bar.set_postfix(reward=f"{last['reward']:.2f}", eff=f"{last['effective_ratio']:.2f}")
             checkpoint_step(cfg, ckpts, step, state, {"step": step, **budget._asdict(), "config": to_dict(cfg)},
-                            stop_requested())
+                            distributed.any_process(stop_requested()))
     ckpts.close()
     hf_dir = out / "hf"  # loads in transformers (Qwen3ForCausalLM) and back here with from_pretrained
-    save_pretrained(nnx.merge(graphdef, state.params), hf_dir)
+    save_pretrained(nnx.merge(graphdef, state.params), hf_dir)  # every process gathers, process 0 writes
+    if not main:
+        return last
     tokenizer.save_pretrained(hf_dir)
     logged = {k for row in read_metrics(out) for k in row}
     plot = plot_metrics(out, keys=[k for k in PLOT_KEYS if k in logged])

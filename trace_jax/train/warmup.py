@@ -19,6 +19,7 @@ import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
+from trace_jax import sharding as shd
 from trace_jax.allocation import Allocator, Plan
 from trace_jax.envs.base import HostEnv, JaxEnv
 from trace_jax.models.qwen3 import Policy
@@ -48,10 +49,11 @@ def _read_hidden(model: Policy, tokens: jax.Array, positions: jax.Array) -> jax.
 
 
 def tree_readings(model: Policy, tree: Tree, prompt_offset: int) -> Readings:
-    """The distinct, read nodes of `tree` as predictor data; prompts numbered from prompt_offset."""
-    tree = jax.device_get(tree)
+    """The distinct, read nodes of `tree` as predictor data (numpy, gathered from every process); prompts
+    numbered from prompt_offset."""
+    hidden = shd.to_host(_read_hidden(model, tree.tokens, tree.read_positions()))
+    tree = shd.to_host(tree)
     targets, weight = map(np.asarray, node_targets(tree))
-    hidden = np.asarray(_read_hidden(model, tree.tokens, tree.read_positions()))
     rows, cols = np.nonzero(weight > 0)
     return Readings(features=hidden[rows, cols], target=targets[rows, cols],
                     outcome=np.asarray(tree.reward)[rows].astype(np.float32), is_root=cols == 0,
@@ -140,11 +142,15 @@ def warm_up_predictor(model: Policy, env: JaxEnv | HostEnv, pools: Callable[[int
     def predict(k, b, r: Readings) -> np.ndarray:
         return np.asarray(jax.nn.sigmoid(jnp.asarray(r.features) @ k + b))
 
-    before = quality(predict(model.success_kernel[...], model.success_bias[...], held_out), held_out)
-    kernel, bias = fit_head(model.success_kernel[...], model.success_bias[...], train, spec.fit_steps,
+    placed = {name: getattr(model, name)[...] for name in ("success_kernel", "success_bias")}
+    start = shd.to_host(placed)  # the fit runs on every process's own device, on the same gathered data
+    before = quality(predict(start["success_kernel"], start["success_bias"], held_out), held_out)
+    kernel, bias = fit_head(start["success_kernel"], start["success_bias"], train, spec.fit_steps,
                             spec.learning_rate)
-    model.success_kernel[...] = kernel
-    model.success_bias[...] = bias
+    fitted = shd.put_global({"success_kernel": kernel, "success_bias": bias},
+                            jax.tree.map(lambda x: x.sharding, placed))
+    for name, value in fitted.items():
+        getattr(model, name)[...] = value.astype(placed[name].dtype)
     pred = predict(kernel, bias, held_out)
     report = {f"warmup/{k}": v for k, v in quality(pred, held_out).items()}
     report |= {f"warmup/before/{k}": v for k, v in before.items() if not k.endswith("_nodes")}
