@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from tiny_qwen3 import write_tiny_qwen3
@@ -101,3 +102,19 @@ def test_multislice_device_grid_keeps_fsdp_and_tensor_inside_a_slice():
         device_grid(devices, (1, 4, 2))
     single = [SimpleNamespace(id=i) for i in range(8)]
     assert [d.id for d in device_grid(single, (2, 2, 2)).flat] == list(range(8))
+
+
+def test_process_rows_read_from_own_shards_and_back():
+    """to_process_rows reads any chosen rows from the shards (split by rows and by columns), from_process_rows
+    assembles the global array from them: on one process every row is its own."""
+    mesh = shd.make_mesh(MeshConfig(data=4, fsdp=1, tensor=2))
+    x = np.arange(8 * 6, dtype=np.int32).reshape(8, 6)
+    sharding = NamedSharding(mesh, P("data", "tensor"))
+    placed = shd.put_global(x, sharding)
+    rows = shd.process_rows(sharding, x.shape)
+    np.testing.assert_array_equal(rows, np.arange(8))
+    for some in (rows, np.array([1, 5, 6]), np.array([7])):
+        np.testing.assert_array_equal(shd.to_process_rows(placed, some), x[some])
+    back = shd.from_process_rows(shd.to_process_rows(placed, rows), rows, 8, sharding)
+    assert back.sharding == sharding
+    np.testing.assert_array_equal(np.asarray(back), x)

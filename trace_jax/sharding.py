@@ -201,6 +201,19 @@ def from_process_rows(local: np.ndarray, rows: np.ndarray, num_rows: int,
     return jax.make_array_from_callback((num_rows, *local.shape[1:]), sharding, shard)
 
 
+def to_process_rows(x: jax.Array, rows: np.ndarray) -> np.ndarray:
+    """Rows `rows` (= `process_rows`) of the global array x [R, ...] as numpy [len(rows), ...], read from this
+    process's own shards: no data crosses processes (`to_host` gathers every row to every process)."""
+    out = np.empty((len(rows), *x.shape[1:]), x.dtype)
+    position = np.full(x.shape[0], -1)
+    position[rows] = np.arange(len(rows))
+    for shard in x.addressable_shards:
+        at = position[np.arange(x.shape[0])[shard.index[0]]]
+        keep = at >= 0
+        out[(at[keep], *shard.index[1:])] = np.asarray(shard.data)[keep]
+    return out
+
+
 def put_global(tree, shardings):
     """Each leaf of `tree` (the same value on every process) on its sharding in `shardings` (a matching tree); each
     process copies only the shards its devices hold."""

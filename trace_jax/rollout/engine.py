@@ -29,7 +29,7 @@ from trace_jax.models.jit import jit_with_model
 from trace_jax.models.qwen3 import ModelOutput, Policy
 from trace_jax.rollout.sampling import sample_tokens
 from trace_jax.rollout.tree import Tree
-from trace_jax.sharding import constrain_rows, from_process_rows, process_rows, to_host
+from trace_jax.sharding import constrain_rows, from_process_rows, process_rows, to_host, to_process_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,7 +236,8 @@ def run_turns_host(generate: Callable[[Rollout], tuple[Rollout, jax.Array, jax.A
     generate / append: `generate_turn` / `append_observation` closed over model, spec and sampling,
     each jitted once by the caller (`host_turn_fns`). With several processes (slots split over their
     devices) each process's environment answers only its own rows and the observations are assembled
-    as global arrays; every process sees every row's `done`, so all stop after the same turn.
+    as global arrays (actions are read from the process's own shards); every process sees every row's `done`,
+    so all stop after the same turn.
     """
     rows = process_rows(ro.tree.done.sharding, ro.tree.done.shape)  # every row in one process
     by_row, by_row_2d = ro.tree.done.sharding, ro.tree.tokens.sharding
@@ -244,15 +245,15 @@ def run_turns_host(generate: Callable[[Rollout], tuple[Rollout, jax.Array, jax.A
     def put(x: np.ndarray, dtype) -> jax.Array:  # this process's rows -> the global [S, ...] array
         return from_process_rows(np.asarray(x, dtype), rows, ro.tree.num_slots, by_row if x.ndim == 1 else by_row_2d)
 
-    question = to_host(ro.tree.question)[rows]
+    question = to_process_rows(ro.tree.question, rows)
     for _ in range(env.max_turns):
-        live = ~to_host(ro.tree.done)
+        live = ~to_host(ro.tree.done)  # [S]: every row, so that all processes stop after the same turn
         if not live.any():
             break
-        turn = to_host(ro.tree.num_turns)[rows]
+        turn = to_process_rows(ro.tree.num_turns, rows)
         ro, action, action_len = generate(ro)
-        obs, obs_len, reward, done = env.step(question, turn, live[rows], to_host(action)[rows],
-                                              to_host(action_len)[rows])
+        obs, obs_len, reward, done = env.step(question, turn, live[rows], to_process_rows(action, rows),
+                                              to_process_rows(action_len, rows))
         ro = append(ro, put(obs, np.int32), put(obs_len, np.int32), put(reward, np.float32), put(done, bool))
     return ro
 
