@@ -151,10 +151,14 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(run_dirs, full_run
     newest = killed / "checkpoints" / str(done)
     shutil.rmtree(newest / "state")
     resumed = config(run_dirs, *steps, f"out_dir={killed}")
-    train(resumed, resume=True)
+    live = {}  # what on_log (a notebook's live plots) saw: each row as written
+    train(resumed, resume=True, on_log=lambda step, row: live.setdefault(step, dict(row)))
     assert load_model(killed / "policy").cfg == TINY  # the trained policy, ready for export
     a, b = _metrics(full_run), _metrics(killed)
     assert sorted(b) == sorted(a) == list(range(6))
+    assert sorted(live) == list(range(done, 6))  # resumed from step done - 1
+    assert all({"step": step, **live[step]} == (b[step] | {"step_seconds": live[step]["step_seconds"]})
+               for step in live)
     for step in range(done - 1, 6):
         assert a[step] == b[step], f"step {step} differs after resume"
 

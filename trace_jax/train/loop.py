@@ -219,8 +219,12 @@ def evaluate(model: Policy, env: HopWorldEnv, questions: np.ndarray, cfg: TrainC
 
 
 def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = False,
-          step0_eval: Evaluation | None = None) -> dict[str, float]:
+          step0_eval: Evaluation | None = None, on_log: Callable[[int, dict[str, float]], None] | None = None
+          ) -> dict[str, float]:
     """Run RL; returns the last step's metrics. Everything lands under cfg.out_dir.
+
+    on_log(step, metrics): called in process 0 with each row written to metrics.jsonl (step 0: the warm-up and the
+    starting evaluation), e.g. to redraw live plots in a notebook.
 
     step0_eval: `evaluate` of the starting policy at step 0, when the caller has it already (a comparison's
     methods share their starting policy and evaluation keys); computed here when None.
@@ -231,7 +235,7 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
     if cfg.env == "search_qa":
         from trace_jax.train.search_qa import train_search_qa
 
-        return train_search_qa(cfg, resume, allow_config_change)
+        return train_search_qa(cfg, resume, allow_config_change, on_log)
     out = Path(cfg.out_dir)
     if resume:  # before any work or write: there is a run to continue, and it is this one
         checked, meta = newest_meta(run_checkpoints_dir(cfg))
@@ -292,6 +296,8 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
             first = dict(warmup)
             log_eval(0, first, step0_eval)
             log.log(0, first)
+            if on_log and main:
+                on_log(0, first)
         bar = tqdm(range(start + 1, cfg.steps + 1), desc=f"train {cfg.allocator}", initial=start, total=cfg.steps,
                    disable=not main)
         for step in bar:
@@ -302,6 +308,8 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 log_eval(step, last)
             log.log(step, last)
+            if on_log and main:
+                on_log(step, last)
             bar.set_postfix(reward=f"{last['reward']:.2f}", eff=f"{last['effective_ratio']:.2f}")
             checkpoint_step(cfg, ckpts, step, state, {"step": step, **budget._asdict(), "loader": {
                 "seed": cfg.seed, "step": step}, "config": to_dict(cfg)}, distributed.any_process(stop_requested()))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -123,7 +124,9 @@ def expand_step(model: Policy, env: SearchQAEnv, pool: Pool, key: jax.Array, spe
     return (*expand_host(model, env, pool, key, **kwargs), None)
 
 
-def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = False) -> dict[str, float]:
+def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = False,
+                    on_log: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, float]:
+    """RL on search QA (see the module docstring); on_log as in `train.loop.train`."""
     out = Path(cfg.out_dir)
     if resume:
         checked, meta = newest_meta(run_checkpoints_dir(cfg))
@@ -184,6 +187,8 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
             first = dict(warmup)
             log_eval(0, first)
             log.log(0, first)
+            if on_log and main:
+                on_log(0, first)
         bar = tqdm(range(start + 1, cfg.steps + 1), desc=f"train {cfg.allocator}", initial=start, total=cfg.steps,
                    disable=not main)
         for step in bar:
@@ -201,6 +206,8 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 log_eval(step, last)
             log.log(step, last)
+            if on_log and main:
+                on_log(step, last)
             bar.set_postfix(reward=f"{last['reward']:.2f}", eff=f"{last['effective_ratio']:.2f}")
             checkpoint_step(cfg, ckpts, step, state, {"step": step, **budget._asdict(), "config": to_dict(cfg)},
                             distributed.any_process(stop_requested()))
