@@ -22,7 +22,10 @@ def test_the_layout_names_every_module_and_folder():
             continue
         folders = [f"{part}/" for part in rel.parts[:-1]]
         # a top-level module as "  name.py", a module in a folder by its name, its folders as "name/"
-        named = re.search(rf"(^|[\s(]){re.escape(path.name)}[\s:,)]", layout) if folders else f"  {path.name} " in layout
+        if folders:
+            named = re.search(rf"(^|[\s(]){re.escape(path.name)}[\s:,)]", layout) is not None
+        else:
+            named = f"  {path.name} " in layout
         if not named or not all(f in layout for f in folders):
             missing.append(str(rel))
     assert not missing, f"README's Layout does not mention: {missing}"
