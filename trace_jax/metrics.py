@@ -10,7 +10,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -60,12 +60,15 @@ class MetricsLogger:
     the older files' events at steps > k (and in any case shows the latest value per step).
 
     With `active=False` (the processes of a multi-host run other than 0) it writes nothing at all.
+    `on_log(step, metrics)`, when given, sees each row it writes (e.g. a notebook's live plots).
     """
 
-    def __init__(self, out_dir: str | Path, resume_from_step: int | None = None, active: bool = True):
+    def __init__(self, out_dir: str | Path, resume_from_step: int | None = None, active: bool = True,
+                 on_log: Callable[[int, dict[str, int | float]], None] | None = None):
         self.out_dir = Path(out_dir)
         self.path = self.out_dir / METRICS_FILE
         self.active = active
+        self.on_log = on_log
         if not active:
             return
         tb_dir = self.out_dir / TENSORBOARD_DIR
@@ -94,6 +97,8 @@ class MetricsLogger:
         summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
         self._events.write_event(Event(wall_time=time.time(), step=int(step), summary=summary))
         self._events.flush()
+        if self.on_log:
+            self.on_log(int(step), values)
 
     def histogram(self, step: int, tag: str, values: Any, bins: int = 20) -> None:
         """Writes a TensorBoard histogram of `values` (any shape) at `step` (TensorBoard only, not the JSONL)."""

@@ -181,14 +181,12 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
             (out / "eval.md").write_text(f"Step {step}: one sampled episode per question (%).\n\n{table}")
             tqdm.write(f"train: step {step} evaluation\n{table}")
 
-    with MetricsLogger(out, resume_from_step=start if resume else None, active=main) as log, \
+    with MetricsLogger(out, resume_from_step=start if resume else None, active=main, on_log=on_log) as log, \
             sigterm_stops() as stop_requested:
         if start == 0:
             first = dict(warmup)
             log_eval(0, first)
             log.log(0, first)
-            if on_log and main:
-                on_log(0, first)
         bar = tqdm(range(start + 1, cfg.steps + 1), desc=f"train {cfg.allocator}", initial=start, total=cfg.steps,
                    disable=not main)
         for step in bar:
@@ -206,8 +204,6 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 log_eval(step, last)
             log.log(step, last)
-            if on_log and main:
-                on_log(step, last)
             bar.set_postfix(reward=f"{last['reward']:.2f}", eff=f"{last['effective_ratio']:.2f}")
             checkpoint_step(cfg, ckpts, step, state, {"step": step, **budget._asdict(), "config": to_dict(cfg)},
                             distributed.any_process(stop_requested()))

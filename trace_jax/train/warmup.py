@@ -27,6 +27,7 @@ from trace_jax.objectives import auc, calibration, node_targets
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool, expand_tree
 from trace_jax.rollout.tree import Tree
+from trace_jax.train.step import HEAD_PARAMS
 
 
 @jax.tree_util.register_dataclass
@@ -142,15 +143,12 @@ def warm_up_predictor(model: Policy, env: JaxEnv | HostEnv, pools: Callable[[int
     def predict(k, b, r: Readings) -> np.ndarray:
         return np.asarray(jax.nn.sigmoid(jnp.asarray(r.features) @ k + b))
 
-    placed = {name: getattr(model, name)[...] for name in ("success_kernel", "success_bias")}
+    placed = [getattr(model, name)[...] for name in HEAD_PARAMS]  # (kernel, bias) as the model holds them
     start = shd.to_host(placed)  # the fit runs on every process's own device, on the same gathered data
-    before = quality(predict(start["success_kernel"], start["success_bias"], held_out), held_out)
-    kernel, bias = fit_head(start["success_kernel"], start["success_bias"], train, spec.fit_steps,
-                            spec.learning_rate)
-    fitted = shd.put_global({"success_kernel": kernel, "success_bias": bias},
-                            jax.tree.map(lambda x: x.sharding, placed))
-    for name, value in fitted.items():
-        getattr(model, name)[...] = value.astype(placed[name].dtype)
+    before = quality(predict(*start, held_out), held_out)
+    kernel, bias = fit_head(*start, train, spec.fit_steps, spec.learning_rate)
+    for name, old, new in zip(HEAD_PARAMS, placed, (kernel, bias)):
+        getattr(model, name)[...] = shd.put_global(np.asarray(new, old.dtype), old.sharding)
     pred = predict(kernel, bias, held_out)
     report = {f"warmup/{k}": v for k, v in quality(pred, held_out).items()}
     report |= {f"warmup/before/{k}": v for k, v in before.items() if not k.endswith("_nodes")}
