@@ -1,5 +1,5 @@
 """Shared test setup: 8 host CPU devices for sharding tests, a per-session compilation cache; the tiny Qwen3
-checkpoint fixture."""
+checkpoint fixture and the tiny search QA kit (the search QA tests and the bring-your-checkpoint notebook)."""
 
 import os
 import shutil
@@ -18,6 +18,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest  # noqa: E402 (after the environment above)
+from built_once import built_once  # noqa: E402
 
 from tiny_qwen3 import TINY_QWEN3, write_tiny_qwen3  # noqa: E402
 
@@ -28,6 +29,14 @@ def tiny_qwen3(request, tmp_path):
     hf_dir = tmp_path / request.param
     model = write_tiny_qwen3(hf_dir, **TINY_QWEN3[request.param])
     return hf_dir, model
+
+
+@pytest.fixture(scope="session")
+def kit(tmp_path_factory):
+    """60 fine-tuning steps: enough for the policy to search (the retriever is really called), not to be right."""
+    from trace_jax.data.search_qa_tiny import write_tiny_search_qa
+
+    return built_once(tmp_path_factory, "search_qa_kit", lambda path: write_tiny_search_qa(path, sft_steps=60))
 
 
 def pytest_sessionfinish(session, exitstatus):

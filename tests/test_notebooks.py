@@ -7,7 +7,6 @@ import tomllib
 from pathlib import Path
 
 import nbformat
-import pytest
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).parent.parent
@@ -26,21 +25,25 @@ def test_each_notebook_links_and_installs_from_the_repository():
         assert not any(cell.get("outputs") for cell in book.cells if cell.cell_type == "code"), f"{name}: outputs"
 
 
-def _run(name: str, where: Path):
-    """The notebook `name` executed in a fresh kernel in `where` with TRACE_JAX_NOTEBOOK_TEST=1 and one CPU device (as
-    on Colab's CPU runtime); a failing cell raises, naming it. Returns (notebook with outputs, printed text, images)."""
+ONE_DEVICE = "--xla_backend_optimization_level=0"  # one CPU device, as on Colab's CPU runtime
+
+
+def _run(name: str, where: Path, parameters: dict[str, str] | None = None, xla_flags: str = ONE_DEVICE):
+    """The notebook `name` executed in a fresh kernel in `where` with TRACE_JAX_NOTEBOOK_TEST=1, `parameters` set in
+    a cell after its `parameters`-tagged cell (as papermill does), and `xla_flags`; a failing cell raises, naming
+    it. The kernel shares the session's compilation cache: with the session's XLA flags it reuses what the tests
+    compiled with the same shapes. Returns (notebook with outputs, printed text, images)."""
     book = nbformat.read(COLAB / f"{name}.ipynb", as_version=4)
-    env = {**os.environ, "TRACE_JAX_NOTEBOOK_TEST": "1", "XLA_FLAGS": "--xla_backend_optimization_level=0"}
+    if parameters:
+        at = next(i for i, cell in enumerate(book.cells) if "parameters" in cell.metadata.get("tags", []))
+        book.cells.insert(at + 1, nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in parameters.items())))
     client = NotebookClient(book, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(where)}})
-    client.execute(env=env)
+    client.execute(env={**os.environ, "TRACE_JAX_NOTEBOOK_TEST": "1", "XLA_FLAGS": xla_flags})
     outputs = [out for cell in book.cells if cell.cell_type == "code" for out in cell.outputs]
     images = sum("image/png" in out.get("data", {}) for out in outputs)
     return book, "".join(out.get("text", "") for out in outputs), images
 
 
-# slow: the two take about 1.5 minutes of the suite's wall time on 2 cores, which pushed the default suite to 9.3-10.7
-# minutes in fresh-clone runs; they stay there until the suite has room for them
-@pytest.mark.slow
 def test_quickstart_and_compare_run_top_to_bottom(tmp_path):
     """One test, so the second notebook finds the programs they share (SFT, warm-up, evaluation, the TRACE step) in
     the session's compilation cache."""
@@ -52,9 +55,12 @@ def test_quickstart_and_compare_run_top_to_bottom(tmp_path):
     assert results.count("| trace |") == results.count("| grpo |") == 1 and images == 4
 
 
-@pytest.mark.slow
-def test_bring_your_checkpoint_runs_top_to_bottom(tmp_path):
-    _, printed, _ = _run("bring_your_checkpoint", tmp_path)
+def test_bring_your_checkpoint_runs_top_to_bottom(kit, tmp_path):
+    """With the session's tiny kit as the user's own checkpoint, QA files and corpus, and the session's devices: the
+    search QA training test compiles the same programs (same config, shapes and devices)."""
+    files = {"HF_DIR": kit / "policy", "QA_DIR": kit / "qa", "CORPUS": kit / "corpus.jsonl"}
+    _, printed, _ = _run("bring_your_checkpoint", tmp_path, {k: str(v) for k, v in files.items()},
+                         os.environ["XLA_FLAGS"])
     assert "retriever at http://127.0.0.1:" in printed and "<search>" in printed and "step 1: reward" in printed
     difference = float(re.search(r"JAX vs transformers: (\S+)", printed).group(1))
     assert difference < 1e-4

@@ -1,20 +1,12 @@
-"""The tiny search QA kit (corpus, QA files, tokenizer, random Qwen3), its BM25 index and a live server."""
+"""The tiny search QA kit's tokenizer (the kit itself: tests/conftest.py), its BM25 index and a live server."""
 
 import threading
 
 import pytest
-from built_once import built_once
 from transformers import AutoTokenizer
 
-from trace_jax.data.search_qa_tiny import write_tiny_search_qa
 from trace_jax.retrieval.bm25 import Bm25Index
 from trace_jax.retrieval.server import make_server, serve_in_thread
-
-
-@pytest.fixture(scope="session")
-def kit(tmp_path_factory):
-    """60 fine-tuning steps: enough for the policy to search (the retriever is really called), not to be right."""
-    return built_once(tmp_path_factory, "search_qa_kit", lambda path: write_tiny_search_qa(path, sft_steps=60))
 
 
 @pytest.fixture(scope="session")
