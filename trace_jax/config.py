@@ -260,6 +260,8 @@ class TrainConfig:
     head_learning_rate: float = 1e-3  # the success head's own optimizer group (the policy uses learning_rate)
     predictor_backbone_grad: bool = False  # let the predictor loss train the shared backbone too
     remat: bool = False  # the loss keeps each layer's input only and recomputes layers in the backward (less memory)
+    pack_rows: int = 0  # R > 0: the update feeds each distinct token of the tree once, packed in R rows (0: off)
+    pack_len: int = 0  # positions per packed row; a prompt's whole tree must fit one, else that step runs unpacked
     warmup: WarmupConfig = WarmupConfig()  # the predictor warm-up before RL
     eval_every: int = 20  # steps between test-split evaluations (also at start and end)
     eval_batch: int = 128  # slots per evaluation rollout (one compilation)
@@ -304,6 +306,9 @@ class TrainConfig:
             raise ValueError("train.temperature must be > 0 and train.top_p in (0, 1]")
         if self.learning_rate <= 0 or self.clip_eps <= 0 or self.head_learning_rate <= 0:
             raise ValueError("train.learning_rate, train.head_learning_rate and train.clip_eps must be positive")
+        if self.pack_rows < 0 or self.pack_len < 0 or (self.pack_rows > 0) != (self.pack_len > 0):
+            raise ValueError(f"train.pack_rows={self.pack_rows} and train.pack_len={self.pack_len}: set both > 0 to "
+                             "pack the update (e.g. 6 and 512 for the default HopWorld run), or both 0")
         if self.roots % self.warmup.group_size:
             raise ValueError(f"warmup.group_size={self.warmup.group_size} must divide train.roots={self.roots}")
 

@@ -8,6 +8,8 @@ Unused slots (`not tree.used`) contribute nothing anywhere. Letters: see `rollou
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -105,46 +107,88 @@ def advantages(tree: Tree, eps: float = 1e-6) -> jax.Array:
     return jnp.where(used, prompt + anchor, 0.0)
 
 
-def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
-    return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(mask.sum(), 1)
+def _term_mean(total: jax.Array, terms: jax.Array) -> jax.Array:
+    """Mean over terms of a per-token sum: sum(total) / sum(terms) over the tokens with terms > 0."""
+    return jnp.sum(jnp.where(terms > 0, total, 0.0)) / jnp.maximum(terms.sum(), 1)
+
+
+def _weighted_mean(x: jax.Array, weight: jax.Array) -> jax.Array:
+    """Mean of x over weight's terms (weight: a mask, or how many terms each entry stands for)."""
+    return _term_mean(weight * x, weight)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TokenWeights:
+    """The loss terms each scored token carries, so that token means over them are means over (slot, position).
+
+    Unpacked, each policy token is one term (`of_mask`). Packed (`train/packing.py`), a token fed once carries
+    the terms of every slot that holds a copy of it as a policy token; the means are then the unpacked ones.
+    Shapes [...] are the scored tokens'.
+    """
+
+    paths: jax.Array  # [...] float32 n: slots whose policy token this is (0: not scored)
+    pos_adv: jax.Array  # [...] float32 sum of their advantages' positive parts, A+ = max(A, 0)
+    neg_adv: jax.Array  # [...] float32 sum of their advantages' negative parts, A- = max(-A, 0)
+    num_pos: jax.Array  # [...] float32 of them with A > 0
+    num_neg: jax.Array  # [...] float32 of them with A < 0
+
+    @classmethod
+    def of_mask(cls, mask: jax.Array, adv: jax.Array) -> TokenWeights:
+        """One term per policy token: mask [S, L] bool, adv [S]."""
+        m, a = mask.astype(jnp.float32), adv[:, None]
+        return cls(paths=m, pos_adv=m * jnp.maximum(a, 0.0), neg_adv=m * jnp.maximum(-a, 0.0),
+                   num_pos=m * (a > 0), num_neg=m * (a < 0))
 
 
 def policy_loss(logp_new: jax.Array, logp_old: jax.Array, mask: jax.Array, adv: jax.Array, clip_eps: float,
                 ref_logp: jax.Array | None = None, kl_coef: float = 0.0) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Token-level clipped surrogate over all policy tokens of the batch, plus kl_coef * k3 KL to ref.
 
-    logp_new, logp_old, ref_logp, mask: [S, L] (mask: policy tokens of used slots); adv [S].
-    Metrics: pg_loss, clip_frac (tokens where the clipped term is active), approx_kl (k3 of old vs new),
+    logp_new, logp_old, ref_logp, mask: [S, L] (mask: policy tokens of used slots); adv [S]. The metrics are
+    `weighted_policy_loss`'s with one term per policy token.
+    """
+    return weighted_policy_loss(logp_new, logp_old, TokenWeights.of_mask(mask, adv), clip_eps, ref_logp, kl_coef)
+
+
+def weighted_policy_loss(logp_new: jax.Array, logp_old: jax.Array, weights: TokenWeights, clip_eps: float,
+                         ref_logp: jax.Array | None = None, kl_coef: float = 0.0
+                         ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """`policy_loss` over scored tokens that each carry `weights`' terms: logp_new, logp_old, ref_logp [...].
+
+    A term's clipped surrogate -min(r A, clip(r, 1 - eps, 1 + eps) A) is -A+ min(r, 1 + eps) + A- max(r, 1 - eps),
+    so a token's terms add up through its sums of A+ and A-; the means divide by the number of terms.
+    Metrics: pg_loss, clip_frac (terms where the clipped term is active), approx_kl (k3 of old vs new),
     ratio_mean, ratio_max_dev (max |ratio - 1|: 0 on the first, on-policy update), and kl_ref when
     ref_logp is given.
     """
     kl = concrete(kl_coef)
     if ref_logp is None and (kl is None or kl != 0):
         raise ValueError("a KL coefficient needs ref_logp")
-    mask = mask.astype(bool)
+    n = weights.paths
     log_ratio = logp_new - logp_old
     ratio = jnp.exp(log_ratio)
-    a = adv[:, None]
-    unclipped, clipped = ratio * a, jnp.clip(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * a
-    pg = _masked_mean(-jnp.minimum(unclipped, clipped), mask)
+    lo, hi = 1.0 - clip_eps, 1.0 + clip_eps
+    pg = _term_mean(-weights.pos_adv * jnp.minimum(ratio, hi) + weights.neg_adv * jnp.maximum(ratio, lo), n)
     metrics = {
         "pg_loss": pg,
-        "clip_frac": _masked_mean((clipped < unclipped).astype(jnp.float32), mask),
-        "approx_kl": _masked_mean(ratio - 1.0 - log_ratio, mask),
-        "ratio_mean": _masked_mean(ratio, mask),
-        "ratio_max_dev": jnp.max(jnp.where(mask, jnp.abs(ratio - 1.0), 0.0)),
+        "clip_frac": _term_mean(weights.num_pos * (ratio > hi) + weights.num_neg * (ratio < lo), n),
+        "approx_kl": _weighted_mean(ratio - 1.0 - log_ratio, n),
+        "ratio_mean": _weighted_mean(ratio, n),
+        "ratio_max_dev": jnp.max(jnp.where(n > 0, jnp.abs(ratio - 1.0), 0.0)),
     }
     loss = pg
     if ref_logp is not None:
         d = ref_logp - logp_new
-        metrics["kl_ref"] = _masked_mean(jnp.exp(d) - d - 1.0, mask)
+        metrics["kl_ref"] = _weighted_mean(jnp.exp(d) - d - 1.0, n)
         loss = loss + kl_coef * metrics["kl_ref"]
     return loss, metrics
 
 
-def entropy(logp: jax.Array, mask: jax.Array) -> jax.Array:
-    """Token-mean entropy of the distributions logp [S, L, V] (log-probabilities) over mask [S, L]."""
-    return _masked_mean(-jnp.sum(jnp.exp(logp) * logp, axis=-1), mask.astype(bool))
+def entropy(logp: jax.Array, weight: jax.Array) -> jax.Array:
+    """Token-mean entropy of the distributions logp [..., V] (log-probabilities) over weight [...]: a mask, or
+    the terms each distribution stands for (`TokenWeights.paths`)."""
+    return _weighted_mean(-jnp.sum(jnp.exp(logp) * logp, axis=-1), weight)
 
 
 def predictor_loss(pred: jax.Array, targets: jax.Array, weight: jax.Array) -> jax.Array:

@@ -1,4 +1,5 @@
-"""`trace-jax bench sampler`: sampler throughput against transformers, forks against re-prefill.
+"""`trace-jax bench sampler`: sampler throughput against transformers, forks against re-prefill, the tree-packed
+update against the unpacked one.
 
 Every comparison runs both sides back to back in this process, several times each, and prints the
 median, the spread and the ratio of medians; the machine's absolute speed cancels out. Compile time is
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from trace_jax.allocation import Allocator, Plan
 from trace_jax.config import SFTConfig
 from trace_jax.envs.hopworld import HopWorldConfig, build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
@@ -27,6 +29,8 @@ from trace_jax.models.jit import jit_with_model
 from trace_jax.rollout import expand as ex
 from trace_jax.rollout.engine import SamplingConfig, TurnSpec, generate_turn, max_len, run_turns
 from trace_jax.sharding import init_policy
+from trace_jax.train.packing import canonical_sources
+from trace_jax.train.step import StepSpec, tree_grads
 
 MID_SIZE = ModelConfig(vocab_size=32768, hidden_size=1024, intermediate_size=3072, num_layers=8, num_heads=16,
                        num_kv_heads=8, head_dim=64, rope_theta=1e6, tie_word_embeddings=True)
@@ -178,6 +182,44 @@ def tree_fork_vs_reprefill(model: Policy, env: HopWorldEnv, num_prompts: int, ro
     }
 
 
+def packed_rows(tree, row_len: int) -> int:
+    """Rows next-fit needs to lay each prompt's canonical tokens (`train.packing`), each whole, into rows of row_len."""
+    t = jax.device_get(tree)
+    used = t.prompt >= 0
+    sizes = np.bincount(t.prompt[used], weights=(t.length - np.asarray(canonical_sources(tree)[1]))[used])
+    rows, fill = 1, 0
+    for n in sizes[sizes > 0]:
+        rows, fill = (rows + 1, n) if fill + n > row_len else (rows, fill + n)
+    return rows
+
+
+def update_packed_vs_unpacked(model: Policy, env: HopWorldEnv, num_prompts: int, roots_per_prompt: int, n: int,
+                              row_len: int, repeats: int = 3, seed: int = 0) -> dict[str, object]:
+    """The update (loss forward and backward, `train.step.tree_grads`) of one uniform tree, unpacked and packed,
+    back to back. Packed into rows of row_len, as many as next-fit needs for this tree."""
+    plan = Plan(Allocator("uniform_tree", group_size=roots_per_prompt), roots=num_prompts * roots_per_prompt,
+                continuations=n)
+    sampling = SamplingConfig()
+    tree, _, _ = ex.expand_tree(model, env, question_pool(env, np.arange(num_prompts)), jax.random.key(seed),
+                                plan=plan, sampling=sampling, pad_id=protocol.PAD)
+    rows = packed_rows(tree, row_len)
+    graphdef, params = nnx.split(model)
+    unpacked = StepSpec(plan=plan, sampling=sampling, clip_eps=0.2, kl_coef=0.0, predictor_coef=1.0,
+                        pad_id=protocol.PAD)
+    packed = dataclasses.replace(unpacked, pack_rows=rows, pack_len=row_len)
+    timed = {}
+    for name, spec in (("unpacked", unpacked), ("packed", packed)):
+        fn = jax.jit(lambda params, tree, spec=spec: tree_grads(graphdef, spec, params, None, tree))
+        timed[name] = _repeat(fn, repeats, params, tree)
+    aux = timed["packed"][2][1]
+    assert not bool(aux["pack_overflow"]), "sized to this tree, the packing cannot overflow"
+    return {"rows": rows, "positions_unpacked": tree.tokens.size, "positions_packed": int(aux["update_positions"]),
+            "real_tokens": int(tree.length.sum()),
+            "canonical_tokens": int(jnp.sum(jnp.where(tree.used, tree.length - canonical_sources(tree)[1], 0))),
+            "time_unpacked": timed["unpacked"][0], "time_packed": timed["packed"][0],
+            "time_ratio": float(np.median(timed["packed"][0]) / np.median(timed["unpacked"][0]))}
+
+
 def hopworld_policy(checkpoint: str | None) -> Policy:
     if checkpoint and Path(checkpoint).exists():
         from trace_jax.checkpoints import load_model
@@ -219,6 +261,18 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
               f"{r['useful_reprefill']:>11} {spread(r['time_fork']):>22} {spread(r['time_reprefill']):>22} "
               f"{r['time_ratio']:7.2f}x {100 * r['utilisation_roots']:10.1f}% "
               f"{100 * r['utilisation_continuations']:9.1f}%")
+
+    print("\nupdate: the loss forward and backward of one uniform tree (8 prompts x 2 roots x N), every slot its "
+          "own row (unpacked, S x L positions) vs each distinct token once (packed: rows of Lp, as many as it needs)")
+    print(f"{'N':>3} {'Lp':>5} {'rows':>5} {'positions':>10} {'packed':>7} {'ratio':>6} {'real':>6} {'distinct':>9} "
+          f"{'time unpacked s':>22} {'packed s':>22} {'ratio':>6}")
+    for n, row_len in ((2, 512), (6, 1024)):
+        r = update_packed_vs_unpacked(policy, env, num_prompts=8, roots_per_prompt=2, n=n, row_len=row_len,
+                                      repeats=repeats)
+        print(f"{n:>3} {row_len:>5} {r['rows']:>5} {r['positions_unpacked']:>10} {r['positions_packed']:>7} "
+              f"{r['positions_packed'] / r['positions_unpacked']:6.2f} {r['real_tokens']:>6} "
+              f"{r['canonical_tokens']:>9} {spread(r['time_unpacked']):>22} {spread(r['time_packed']):>22} "
+              f"{r['time_ratio']:6.2f}")
 
 
 def _rate(rates: np.ndarray) -> str:

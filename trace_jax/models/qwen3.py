@@ -79,9 +79,10 @@ class Attention(nnx.Module):
         return y
 
     def __call__(self, x: jax.Array, positions: jax.Array, layer_kv: tuple[jax.Array, jax.Array] | None,
-                 ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+                 attend: jax.Array | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """x [rows, positions, hidden], positions [rows, positions] (RoPE positions); layer_kv: this
-        layer's cache ([rows, cache_len, kv_heads, head_dim] each) or None."""
+        layer's cache ([rows, cache_len, kv_heads, head_dim] each) or None; attend [rows, positions, positions]
+        bool (without a cache): which keys each query sees, in place of the causal mask."""
         cfg = self.cfg
         q = rope(self.q_norm(self._project(x, "q")), positions, cfg.rope_theta)  # [rows, positions, heads, head_dim]
         k = rope(self.k_norm(self._project(x, "k")), positions, cfg.rope_theta)  # [rows, positions, kv_heads, head_dim]
@@ -97,8 +98,9 @@ class Attention(nnx.Module):
         groups = n // cfg.num_kv_heads
         qg = q.reshape(b, t, cfg.num_kv_heads, groups, h)
         scores = jnp.einsum("btkgh,bskh->bkgts", qg, keys).astype(jnp.float32) * (h ** -0.5)
-        causal = key_pos[:, None, :] <= positions[:, :, None]  # [rows, positions, cache_len]
-        scores = jnp.where(causal[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        if attend is None:
+            attend = key_pos[:, None, :] <= positions[:, :, None]  # [rows, positions, cache_len] causal
+        scores = jnp.where(attend[:, None, None], scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
         out = jnp.einsum("bkgts,bskh->btkgh", probs, values).reshape(b, t, n, h)
         y = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(x.dtype))
@@ -127,8 +129,8 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.jnp_param_dtype)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x, positions, layer_kv):
-        attn, layer_kv = self.self_attn(self.input_layernorm(x), positions, layer_kv)
+    def __call__(self, x, positions, layer_kv, attend=None):
+        attn, layer_kv = self.self_attn(self.input_layernorm(x), positions, layer_kv, attend)
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), layer_kv
 
@@ -157,49 +159,56 @@ class Policy(nnx.Module):
         """Success head V~: sigmoid of a linear read of the final hidden state [..., hidden] -> [...]."""
         return jax.nn.sigmoid(hidden.astype(jnp.float32) @ self.success_kernel[...] + self.success_bias[...])
 
-    def remat_layers(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-        """The layers over x [rows, positions, hidden] without a cache, as one `lax.scan` over their stacked
-        weights whose body is rematerialised: a gradient keeps each layer's input only and recomputes one layer
-        at a time in the backward (the loop makes any backend's scheduler do so). Costs a stacked copy of the
-        layers' weights and one more forward."""
+    def remat_layers(self, x: jax.Array, positions: jax.Array, attend: jax.Array | None = None) -> jax.Array:
+        """The layers over x [rows, positions, hidden] without a cache (attend: as in `Attention`; None: causal), as
+        one `lax.scan` over their stacked weights whose body is rematerialised: a gradient keeps each layer's input
+        only and recomputes one layer at a time in the backward (the loop makes any backend's scheduler do so).
+        Costs a stacked copy of the layers' weights and one more forward."""
         graphdef, _ = nnx.split(self.layers[0])
         stacked = jax.tree.map(lambda *w: jnp.stack(w), *(nnx.state(layer) for layer in self.layers))
 
         @jax.checkpoint
         def body(x: jax.Array, weights: nnx.State) -> tuple[jax.Array, None]:
-            return nnx.merge(graphdef, weights)(x, positions, None)[0], None
+            return nnx.merge(graphdef, weights)(x, positions, None, attend)[0], None
 
         return jax.lax.scan(body, x, stacked)[0]
 
     def __call__(self, input_ids: jax.Array, *, cache: KVCache | None = None,
-                 num_valid: jax.Array | None = None, remat: bool = False) -> ModelOutput:
+                 num_valid: jax.Array | None = None, remat: bool = False, positions: jax.Array | None = None,
+                 attend: jax.Array | None = None) -> ModelOutput:
         """Forward `input_ids` [rows, positions].
 
         Without a cache: a causal pass over positions 0..n-1 (pads at the end are harmless); remat: through
-        `remat_layers` (the same values; a gradient saves far less).
+        `remat_layers` (the same values; a gradient saves far less). A packed forward (`train.packing`) gives
+        each token its RoPE position, positions [rows, positions], and the keys it sees, attend [rows, positions,
+        positions] bool, in place of the causal mask.
         With a cache: row b's tokens go to positions cache.lengths[b] + t; `num_valid` [rows] (default
         all n) of them are real and the returned cache's lengths advance by that much.
         """
         if remat and cache is not None:
             raise ValueError("remat applies to a forward without a cache (the training loss), not to decoding")
+        if cache is not None and (positions is not None or attend is not None):
+            raise ValueError("positions and attend apply to a forward without a cache (the packed training loss), "
+                             "not to decoding: a cache sets each row's positions and attends causally")
         b, t = input_ids.shape
         cfg = self.cfg
-        start = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
-        positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [rows, positions]
+        if positions is None:
+            start = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
+            positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [rows, positions]
         x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(cfg.jnp_dtype)
         new_k, new_v = [], []
         for i, layer in enumerate([] if remat else self.layers):
             layer_kv = None if cache is None else (cache.k[i], cache.v[i])
-            x, layer_kv = layer(x, positions, layer_kv)
+            x, layer_kv = layer(x, positions, layer_kv, attend)
             if layer_kv is not None:
                 new_k.append(layer_kv[0])
                 new_v.append(layer_kv[1])
         if remat:
-            x = self.remat_layers(x, positions)
+            x = self.remat_layers(x, positions, attend)
         hidden = self.norm(x)
         logits, success = self.logits_from_hidden(hidden), self.success_from_hidden(hidden)
         new_cache = None
         if cache is not None:
             valid = jnp.full((b,), t, jnp.int32) if num_valid is None else num_valid.astype(jnp.int32)
-            new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), lengths=start + valid)
+            new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), lengths=cache.lengths + valid)
         return ModelOutput(logits=logits, hidden=hidden, success=success, cache=new_cache)

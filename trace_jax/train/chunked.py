@@ -70,8 +70,12 @@ class ChunkedStep:
             grads = part_grads if grads is None else self._add(grads, part_grads)
             loss = loss + part
             for k, v in part_aux.items():
-                share = shares[1] if k == "predictor_loss" else shares[0]
-                aux[k] = jnp.maximum(aux.get(k, v), v) if k == "ratio_max_dev" else aux.get(k, 0.0) + share * v
+                if k in ("ratio_max_dev", "pack_overflow"):  # over all chunks: the largest, any
+                    aux[k] = jnp.maximum(aux.get(k, v), v)
+                elif k == "update_positions":  # every chunk's forward feeds its own
+                    aux[k] = aux.get(k, 0) + v
+                else:
+                    aux[k] = aux.get(k, 0.0) + (shares[1] if k == "predictor_loss" else shares[0]) * v
         return loss, aux, grads
 
     def update(self, state: TrainState, chunks: list[Chunk], tree: Tree, pool: Pool, pool_v: jax.Array,

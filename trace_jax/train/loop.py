@@ -49,7 +49,7 @@ from trace_jax.train.warmup import WarmupSpec, warm_up_predictor
 
 PLOT_KEYS = ("reward", "effective_ratio", "eval/success", "eval/success_hop1", "eval/success_hop4", "predictor_loss",
              "root_auc", "prefix_auc", "eval/root_auc", "eval/prefix_auc", "root_ece", "eval/root_ece", "pool_v_std",
-             "generated_tokens", "entropy", "utilisation", "prompts", "stage2_unplaced")
+             "generated_tokens", "entropy", "utilisation", "prompts", "stage2_unplaced", "update_positions")
 RELIABILITY_FILE = "reliability.jsonl"  # one line per evaluation: {"step", "root": bins, "prefix": bins}
 ALLOCATION_FILE = "allocation.jsonl"  # one line per step: the step's ARRAY_METRICS as lists
 ARRAY_METRICS = ("pool_v_values", "roots_per_prompt", "continuations_per_anchor")  # see train.step
@@ -99,7 +99,8 @@ def step_spec(cfg: TrainConfig, budget: Budget, pad_id: int = protocol.PAD,
     return StepSpec(plan=Plan(allocator, roots=budget.roots, continuations=budget.continuations),
                     sampling=SamplingConfig(cfg.temperature, cfg.top_p), clip_eps=cfg.clip_eps,
                     kl_coef=cfg.kl_coef, predictor_coef=cfg.predictor_coef, pad_id=pad_id,
-                    predictor_backbone_grad=cfg.predictor_backbone_grad, mesh=mesh, remat=cfg.remat)
+                    predictor_backbone_grad=cfg.predictor_backbone_grad, mesh=mesh, remat=cfg.remat,
+                    pack_rows=cfg.pack_rows, pack_len=cfg.pack_len)
 
 
 def initial_state(cfg: TrainConfig, params: nnx.State, tx: optax.GradientTransformation) -> TrainState:
@@ -194,7 +195,7 @@ def equal_cost_budget(cfg: TrainConfig, probe: Callable[[StepSpec], dict[str, ja
 
 def record_step(log: MetricsLogger, step: int, metrics: dict[str, jax.Array]) -> dict[str, float]:
     """A step's metrics as floats; its ARRAY_METRICS go to allocation.jsonl and the pool V~ histogram. Warns
-    when the update was skipped."""
+    when the update was skipped, or ran unpacked because the tree did not fit the packing."""
     metrics = shd.to_host(metrics)
     spent = {k: metrics.pop(k).tolist() for k in ARRAY_METRICS}
     log.append(ALLOCATION_FILE, {"step": step, **spent})
@@ -202,6 +203,9 @@ def record_step(log: MetricsLogger, step: int, metrics: dict[str, jax.Array]) ->
     last = {k: float(v) for k, v in metrics.items()}
     if last["skipped"]:
         tqdm.write(f"train: step {step}: non-finite loss or gradient ({last['loss']}); update skipped")
+    if last.get("pack_overflow"):
+        tqdm.write(f"train: step {step}: a prompt's tree did not fit the packing (pack_rows x pack_len); this update "
+                   "ran unpacked (same values, no saving): raise pack_len (the largest prompt tree) or pack_rows")
     return last
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -22,21 +23,24 @@ from jax.sharding import Mesh
 
 from trace_jax.allocation import Plan, anchor_groups
 from trace_jax.envs.base import JaxEnv
+from trace_jax.models.qwen3 import Policy
 from trace_jax.objectives import (
+    TokenWeights,
     advantages,
     calibration_report,
     entropy,
     node_targets,
-    policy_loss,
     predictor_loss,
     predictor_report,
     solve_rates,
+    weighted_policy_loss,
 )
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool, expand
 from trace_jax.rollout.sampling import policy_logprobs, token_logprobs
 from trace_jax.rollout.tree import Tree
 from trace_jax.sharding import constrain_rows, constrain_vocab
+from trace_jax.train.packing import Packed, pack
 
 
 @jax.tree_util.register_dataclass
@@ -64,6 +68,13 @@ class StepSpec:
     predictor_backbone_grad: bool = False  # False: the predictor loss trains the head only
     mesh: Mesh | None = None  # slots (rollout and update rows) split over its data axes; None: not constrained
     remat: bool = False  # the loss forward through `Policy.remat_layers`: the same values, far less saved
+    pack_rows: int = 0  # R: the loss feeds each distinct token of the tree once, in R rows (`train.packing`); 0: off
+    pack_len: int = 0  # Lp: positions per packed row (a prompt's whole tree must fit one)
+
+    def __post_init__(self) -> None:
+        if min(self.pack_rows, self.pack_len) < 0 or (self.pack_rows > 0) != (self.pack_len > 0):
+            raise ValueError(f"pack_rows={self.pack_rows} and pack_len={self.pack_len}: both > 0 packs the update, "
+                             "both 0 does not")
 
 
 HEAD_PARAMS = ("success_kernel", "success_bias")
@@ -86,11 +97,6 @@ def make_optimizer(learning_rate: float, max_grad_norm: float, head_learning_rat
 
     return optax.multi_transform({"policy": group(learning_rate), "head": group(head_learning_rate or learning_rate)},
                                  param_groups)
-
-
-def next_token_logprobs(logits: jax.Array, tokens: jax.Array, temperature: float) -> jax.Array:
-    """[S, L-1] log p(tokens[:, t+1] | tokens[:, :t+1]) at `temperature`, from logits [S, L, V]."""
-    return token_logprobs(logits[:, :-1], tokens[:, 1:], temperature)
 
 
 def apply_update(tx: optax.GradientTransformation, state: TrainState, grads: nnx.State, loss: jax.Array
@@ -146,6 +152,65 @@ def allocation_counts(tree: Tree, num_pool: int, num_roots: int) -> dict[str, ja
                 1, mode="drop")}
 
 
+@dataclasses.dataclass(frozen=True)
+class UpdateBatch:
+    """What the loss forward feeds and scores: the tree one row per slot, or its packing. Shapes [...] are the
+    scored tokens'."""
+
+    forward: Callable[[Policy], tuple[jax.Array, jax.Array]]  # -> (logits [..., V] scoring tokens, read hidden)
+    tokens: jax.Array  # [...] int32 the scored tokens
+    logp_old: jax.Array  # [...] float32 their sampling log-probabilities
+    weights: TokenWeights  # [...] the policy-loss terms each carries
+
+
+def unpacked_batch(spec: StepSpec, tree: Tree, adv: jax.Array) -> UpdateBatch:
+    """Every slot's row, each token scored from the hidden state before it: [S, L-1] scored tokens."""
+    def forward(policy: Policy) -> tuple[jax.Array, jax.Array]:
+        out = policy(tree.tokens, remat=spec.remat)
+        logits = constrain_vocab(out.logits, spec.mesh)  # [S, L, V/tensor] per device
+        return logits[:, :-1], jnp.take_along_axis(out.hidden, tree.read_positions()[..., None], axis=1)
+
+    mask = tree.policy_mask[:, 1:]
+    return UpdateBatch(forward, tree.tokens[:, 1:], tree.logprobs[:, 1:], TokenWeights.of_mask(mask, adv))
+
+
+def packed_batch(spec: StepSpec, packed: Packed) -> UpdateBatch:
+    """Each distinct token once (`train.packing`), scored from the hidden state of its slot's previous position's
+    canonical copy: [R, Lp] scored tokens."""
+    def forward(policy: Policy) -> tuple[jax.Array, jax.Array]:
+        tokens, positions, attend = constrain_rows((packed.tokens, packed.positions, packed.attend), spec.mesh)
+        out = policy(tokens, positions=positions, attend=attend, remat=spec.remat)
+        hidden = out.hidden.reshape(-1, out.hidden.shape[-1])  # [R * Lp, D]
+        logits = constrain_vocab(policy.logits_from_hidden(hidden[packed.prev]), spec.mesh)  # [R, Lp, V]
+        return logits, hidden[packed.reads]
+
+    return UpdateBatch(forward, packed.tokens, packed.logp_old, packed.weights)
+
+
+def batch_grads(graphdef: nnx.GraphDef, spec: StepSpec, params: nnx.State, ref_params: nnx.State | None,
+                batch: UpdateBatch, targets: jax.Array, weight: jax.Array, policy_share: jax.Array | float,
+                predictor_share: jax.Array | float) -> tuple[jax.Array, dict[str, jax.Array], nnx.State]:
+    """(loss, aux, grads) of `tree_grads` on a batch, the predictor's node targets and weight [S, T+1] given."""
+    temperature = spec.sampling.temperature
+    ref_logp = None
+    if ref_params is not None:
+        ref_logp = token_logprobs(batch.forward(nnx.merge(graphdef, ref_params))[0], batch.tokens, temperature)
+
+    def loss_fn(params):
+        policy = nnx.merge(graphdef, params)
+        logits, read = batch.forward(policy)
+        logp = token_logprobs(logits, batch.tokens, temperature)
+        pg, aux = weighted_policy_loss(logp, batch.logp_old, batch.weights, spec.clip_eps, ref_logp, spec.kl_coef)
+        pred = policy.success_from_hidden(read if spec.predictor_backbone_grad else jax.lax.stop_gradient(read))
+        pred_loss = predictor_loss(pred, targets, weight)
+        aux = dict(aux, policy_loss=pg, predictor_loss=pred_loss,
+                   entropy=entropy(policy_logprobs(logits, temperature), batch.weights.paths))
+        return policy_share * pg + predictor_share * spec.predictor_coef * pred_loss, aux
+
+    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    return loss, aux, grads
+
+
 def tree_grads(graphdef: nnx.GraphDef, spec: StepSpec, params: nnx.State, ref_params: nnx.State | None, tree: Tree,
                policy_share: jax.Array | float = 1.0, predictor_share: jax.Array | float = 1.0
                ) -> tuple[jax.Array, dict[str, jax.Array], nnx.State]:
@@ -154,31 +219,21 @@ def tree_grads(graphdef: nnx.GraphDef, spec: StepSpec, params: nnx.State, ref_pa
     The token means of the policy terms are scaled by policy_share and the predictor's weighted mean by
     predictor_share: a chunk of whole prompts passes its share of the step's policy tokens and predictor
     weight, so the chunks' losses and gradients add up to the whole step's. aux holds the unscaled means.
+    With spec.pack_rows the forward and backward run packed (`train.packing`), to the same values; a tree that
+    does not fit the packing runs unpacked instead, in the same program. aux then also holds pack_overflow and
+    update_positions, the rows x positions fed (R * Lp packed, S * L unpacked).
     """
-    temperature = spec.sampling.temperature
     targets, weight = node_targets(tree)
     adv = advantages(tree)
-    mask = tree.policy_mask[:, 1:]
-    ref_logp = None
-    if ref_params is not None:
-        ref_logits = constrain_vocab(nnx.merge(graphdef, ref_params)(tree.tokens).logits, spec.mesh)
-        ref_logp = next_token_logprobs(ref_logits, tree.tokens, temperature)
-
-    def loss_fn(params):
-        policy = nnx.merge(graphdef, params)
-        out = policy(tree.tokens, remat=spec.remat)
-        out = dataclasses.replace(out, logits=constrain_vocab(out.logits, spec.mesh))  # [S, L, V/tensor] per device
-        logp = next_token_logprobs(out.logits, tree.tokens, temperature)
-        pg, aux = policy_loss(logp, tree.logprobs[:, 1:], mask, adv, spec.clip_eps, ref_logp, spec.kl_coef)
-        read = jnp.take_along_axis(out.hidden, tree.read_positions()[..., None], axis=1)  # [S, T+1, D]
-        pred = policy.success_from_hidden(read if spec.predictor_backbone_grad else jax.lax.stop_gradient(read))
-        pred_loss = predictor_loss(pred, targets, weight)
-        aux = dict(aux, policy_loss=pg, predictor_loss=pred_loss,
-                   entropy=entropy(policy_logprobs(out.logits[:, :-1], temperature), mask))
-        return policy_share * pg + predictor_share * spec.predictor_coef * pred_loss, aux
-
-    (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    return loss, aux, grads
+    grads_of = functools.partial(batch_grads, graphdef, spec, params, ref_params, targets=targets, weight=weight,
+                                 policy_share=policy_share, predictor_share=predictor_share)
+    if not spec.pack_rows:
+        return grads_of(unpacked_batch(spec, tree, adv))
+    packed = pack(tree, adv, spec.pack_rows, spec.pack_len)
+    loss, aux, grads = jax.lax.cond(packed.overflow, lambda: grads_of(unpacked_batch(spec, tree, adv)),
+                                    lambda: grads_of(packed_batch(spec, packed)))
+    positions = jnp.where(packed.overflow, tree.tokens.size, packed.num_positions)
+    return loss, dict(aux, pack_overflow=packed.overflow, update_positions=positions), grads
 
 
 def tree_metrics(spec: StepSpec, tree: Tree, pool: Pool, pool_v: jax.Array, stats: dict[str, jax.Array]
