@@ -15,6 +15,10 @@ _CACHE = None if "JAX_COMPILATION_CACHE_DIR" in os.environ else tempfile.mkdtemp
 if _CACHE:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# A folder for what the workers of one session compute once and share (`toy.trained_policy_state`).
+_SHARED = None if "TRACE_JAX_TEST_SHARED" in os.environ else tempfile.mkdtemp(prefix="trace-jax-tests-")
+if _SHARED:
+    os.environ["TRACE_JAX_TEST_SHARED"] = _SHARED
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest  # noqa: E402 (after the environment above)
@@ -40,5 +44,6 @@ def kit(tmp_path_factory):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if _CACHE:  # only the process that made it: workers find JAX_COMPILATION_CACHE_DIR set
-        shutil.rmtree(_CACHE, ignore_errors=True)
+    for made in (_CACHE, _SHARED):  # only the process that made them: workers find the variables set
+        if made:
+            shutil.rmtree(made, ignore_errors=True)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -27,23 +30,40 @@ def tiny_env(cfg: HopWorldConfig = TINY_WORLD) -> HopWorldEnv:
 @functools.lru_cache(maxsize=1)
 def trained_policy_state():
     """(graphdef, params) of TINY_POLICY after a short SFT on TINY_WORLD expert episodes: peaked,
-    not near-uniform, next-token distributions (so small numerical errors show)."""
+    not near-uniform, next-token distributions (so small numerical errors show). Trained once per test session:
+    the first worker saves the parameters in the session's shared folder (tests/conftest.py), the others load them."""
+    from filelock import FileLock
     from flax import nnx
 
-    from trace_jax.sft import expert_data, make_optimizer, train_step
     from trace_jax.sharding import init_policy
+
+    model = init_policy(TINY_POLICY, seed=0)
+    if "TRACE_JAX_TEST_SHARED" not in os.environ:  # outside a test session
+        _train(model)
+        return nnx.split(model)
+    saved = Path(os.environ["TRACE_JAX_TEST_SHARED"]) / "trained_policy.npz"
+    with FileLock(f"{saved}.lock"):
+        if not saved.exists():
+            _train(model)
+            np.savez(saved, *(np.asarray(x) for x in jax.tree.leaves(nnx.state(model))))
+    graphdef, params = nnx.split(model)
+    with np.load(saved) as leaves:
+        return graphdef, jax.tree.unflatten(jax.tree.structure(params), [jnp.asarray(leaves[f"arr_{i}"])
+                                                                      for i in range(len(leaves.files))])
+
+
+def _train(model: Policy) -> None:
+    """120 SFT steps of `model` on TINY_WORLD's expert episodes (in place)."""
+    from trace_jax.sft import expert_data, make_optimizer, train_step
 
     cfg = dataclasses.replace(SFTConfig(), world=TINY_WORLD, model=TINY_POLICY, steps=120, batch_size=16,
                               learning_rate=3e-3, warmup_steps=10, episodes=256)
-    env = tiny_env()
-    tokens, mask, _ = expert_data(cfg, env, np.arange(TINY_WORLD.num_questions))
-    model = init_policy(TINY_POLICY, seed=0)
+    tokens, mask, _ = expert_data(cfg, tiny_env(), np.arange(TINY_WORLD.num_questions))
     optimizer = make_optimizer(model, cfg)
     rng = np.random.default_rng(0)
     for _ in range(cfg.steps):
         rows = rng.choice(len(tokens), cfg.batch_size, replace=False)
         train_step(model, optimizer, jnp.asarray(tokens[rows]), jnp.asarray(mask[rows]))
-    return nnx.split(model)
 
 
 def trained_policy() -> Policy:

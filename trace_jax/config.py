@@ -308,7 +308,7 @@ class TrainConfig:
             raise ValueError("train.learning_rate, train.head_learning_rate and train.clip_eps must be positive")
         if self.pack_rows < 0 or self.pack_len < 0 or (self.pack_rows > 0) != (self.pack_len > 0):
             raise ValueError(f"train.pack_rows={self.pack_rows} and train.pack_len={self.pack_len}: set both > 0 to "
-                             "pack the update (e.g. 6 and 512 for the default HopWorld run), or both 0")
+                             "pack the update (e.g. 8 and 1024 for the default HopWorld run), or both 0")
         if self.roots % self.warmup.group_size:
             raise ValueError(f"warmup.group_size={self.warmup.group_size} must divide train.roots={self.roots}")
 
