@@ -33,7 +33,7 @@ from trace_jax.rollout.expand import expand_tree
 from trace_jax.rollout.tree import Tree
 from trace_jax.sharding import init_policy
 from trace_jax.train.loop import Budget, record_step, step_spec
-from trace_jax.train.packing import canonical_sources, pack
+from trace_jax.train.packing import canonical_sources, pack, prompt_sizes, rows_needed
 from trace_jax.train.step import StepSpec, tree_grads
 
 POLICY = dataclasses.replace(TINY_POLICY, num_layers=2)
@@ -171,8 +171,9 @@ def brute_force_sources(tree: Tree) -> tuple[np.ndarray, np.ndarray]:
     return src, fork
 
 
-def fits(tree: Tree) -> bool:
-    """Whether next-fit lays every prompt's canonical tokens (by prompt index), each whole, into ROWS x ROW_LEN."""
+def next_fit(tree: Tree) -> tuple[int, int]:
+    """(rows, largest prompt): next-fit of every prompt's canonical tokens (by prompt index), each whole, into rows
+    of ROW_LEN, however many it takes."""
     t = jax.tree.map(np.asarray, tree)
     used = t.prompt != Tree.NO_PROMPT
     sizes = np.bincount(t.prompt[used], weights=(t.length - brute_force_sources(tree)[1])[used])
@@ -181,7 +182,13 @@ def fits(tree: Tree) -> bool:
         if fill + n > ROW_LEN:
             rows, fill = rows + 1, 0
         fill += n
-    return sizes.max() <= ROW_LEN and rows <= ROWS
+    return rows, int(sizes.max())
+
+
+def fits(tree: Tree) -> bool:
+    """Whether next-fit lays every prompt's canonical tokens, each whole, into ROWS x ROW_LEN."""
+    rows, largest = next_fit(tree)
+    return largest <= ROW_LEN and rows <= ROWS
 
 
 @settings(max_examples=12, deadline=None)
@@ -221,6 +228,7 @@ def test_packing_against_brute_force(seed, roots, prompts, forks):
         x = getattr(t, name)
         np.testing.assert_array_equal(np.where(real, x[src, np.arange(WIDTH)], 0), np.where(real, x, 0))
 
+    assert int(rows_needed(prompt_sizes(tree), ROW_LEN)) == next_fit(tree)[0]  # what the bench sizes packing by
     packed = jax.tree.map(np.asarray, jax.jit(pack, static_argnums=(2, 3))(tree, jnp.asarray(adv), ROWS, ROW_LEN))
     assert bool(packed.overflow) == (not fits(tree))
     if packed.overflow:

@@ -29,7 +29,7 @@ from trace_jax.models.jit import jit_with_model
 from trace_jax.rollout import expand as ex
 from trace_jax.rollout.engine import SamplingConfig, TurnSpec, generate_turn, max_len, run_turns
 from trace_jax.sharding import init_policy
-from trace_jax.train.packing import canonical_sources
+from trace_jax.train.packing import prompt_sizes, rows_needed
 from trace_jax.train.step import StepSpec, tree_grads
 
 MID_SIZE = ModelConfig(vocab_size=32768, hidden_size=1024, intermediate_size=3072, num_layers=8, num_heads=16,
@@ -182,17 +182,6 @@ def tree_fork_vs_reprefill(model: Policy, env: HopWorldEnv, num_prompts: int, ro
     }
 
 
-def packed_rows(tree, row_len: int) -> int:
-    """Rows next-fit needs to lay each prompt's canonical tokens (`train.packing`), each whole, into rows of row_len."""
-    t = jax.device_get(tree)
-    used = t.prompt >= 0
-    sizes = np.bincount(t.prompt[used], weights=(t.length - np.asarray(canonical_sources(tree)[1]))[used])
-    rows, fill = 1, 0
-    for n in sizes[sizes > 0]:
-        rows, fill = (rows + 1, n) if fill + n > row_len else (rows, fill + n)
-    return rows
-
-
 def update_packed_vs_unpacked(model: Policy, env: HopWorldEnv, num_prompts: int, roots_per_prompt: int, n: int,
                               row_len: int, repeats: int = 3, seed: int = 0) -> dict[str, object]:
     """The update (loss forward and backward, `train.step.tree_grads`) of one uniform tree, unpacked and packed,
@@ -202,7 +191,8 @@ def update_packed_vs_unpacked(model: Policy, env: HopWorldEnv, num_prompts: int,
     sampling = SamplingConfig()
     tree, _, _ = ex.expand_tree(model, env, question_pool(env, np.arange(num_prompts)), jax.random.key(seed),
                                 plan=plan, sampling=sampling, pad_id=protocol.PAD)
-    rows = packed_rows(tree, row_len)
+    sizes = prompt_sizes(tree)
+    rows = int(rows_needed(sizes, row_len))
     graphdef, params = nnx.split(model)
     unpacked = StepSpec(plan=plan, sampling=sampling, clip_eps=0.2, kl_coef=0.0, predictor_coef=1.0,
                         pad_id=protocol.PAD)
@@ -215,7 +205,7 @@ def update_packed_vs_unpacked(model: Policy, env: HopWorldEnv, num_prompts: int,
     assert not bool(aux["pack_overflow"]), "sized to this tree, the packing cannot overflow"
     return {"rows": rows, "positions_unpacked": tree.tokens.size, "positions_packed": int(aux["update_positions"]),
             "real_tokens": int(tree.length.sum()),
-            "canonical_tokens": int(jnp.sum(jnp.where(tree.used, tree.length - canonical_sources(tree)[1], 0))),
+            "canonical_tokens": int(sizes.sum()),
             "time_unpacked": timed["unpacked"][0], "time_packed": timed["packed"][0],
             "time_ratio": float(np.median(timed["packed"][0]) / np.median(timed["unpacked"][0]))}
 

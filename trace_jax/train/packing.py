@@ -70,14 +70,31 @@ def _next_fit(sizes: jax.Array, rows: int, row_len: int) -> tuple[jax.Array, jax
     return row, column, jnp.any(sizes > row_len) | (last >= rows)
 
 
+def _groups(tree: Tree, fork: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(count [S] canonical tokens of each slot, group [S] its dense prompt id (unused slots: 0, no tokens),
+    sizes [S] canonical tokens of each prompt's tree, by group; zeros after the last)."""
+    count = jnp.where(tree.used, jnp.maximum(tree.length - fork, 0), 0)
+    group = jnp.searchsorted(jnp.sort(tree.prompt), tree.prompt)
+    return count, group, jax.ops.segment_sum(count, group, tree.num_slots)
+
+
+def prompt_sizes(tree: Tree) -> jax.Array:
+    """[S] canonical tokens of each prompt's tree (dense prompt ids; zeros after the last): what a row must hold."""
+    return _groups(tree, canonical_sources(tree)[1])[2]
+
+
+def rows_needed(sizes: jax.Array, row_len: int) -> jax.Array:
+    """[] int32 rows the packing's next-fit lays prompts of `sizes` [G] into, each whole, however many it takes."""
+    return jnp.max(_next_fit(sizes, sizes.shape[0], row_len)[0]) + 1
+
+
 def _canonical_locations(tree: Tree, fork: jax.Array, rows: int, row_len: int) -> tuple[jax.Array, jax.Array]:
     """(flat [S, L] int32 packed location of each canonical token, R * Lp elsewhere, overflow []): a prompt's
     slots' canonical tokens in slot order, prompts (by pool index) next-fit into the rows."""
     s, max_len = tree.num_slots, tree.max_len
     slot, pos = jnp.arange(s), jnp.arange(max_len)[None, :]
-    count = jnp.where(tree.used, jnp.maximum(tree.length - fork, 0), 0)  # [S] canonical tokens
-    group = jnp.searchsorted(jnp.sort(tree.prompt), tree.prompt)  # [S] dense prompt id (unused slots: 0, no tokens)
-    row, column, overflow = _next_fit(jax.ops.segment_sum(count, group, s), rows, row_len)
+    count, group, sizes = _groups(tree, fork)
+    row, column, overflow = _next_fit(sizes, rows, row_len)
     earlier = (group[None, :] == group[:, None]) & (slot[None, :] < slot[:, None])  # [S, S] before s in its row
     first_col = column[group] + jnp.sum(jnp.where(earlier, count[None, :], 0), axis=1)  # [S] of the slot's tokens
     col = (first_col - fork)[:, None] + pos  # [S, L]
