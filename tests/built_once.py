@@ -10,11 +10,15 @@ import pytest
 from filelock import FileLock
 
 
-def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], object]) -> Path:
-    """<session tmp>/<name>, made by build(path) in exactly one process of this test session."""
+def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's tmp folder, the same in every worker (each worker's own tmp is a folder of it)."""
     root = tmp_path_factory.getbasetemp()
-    if "PYTEST_XDIST_WORKER" in os.environ:  # each worker's tmp is a folder of the session's
-        root = root.parent
+    return root.parent if "PYTEST_XDIST_WORKER" in os.environ else root
+
+
+def built_once(root: Path, name: str, build: Callable[[Path], object]) -> Path:
+    """root/<name>, made by build(path) in exactly one process of this test session (root: a folder every worker
+    sees, `session_tmp` or the session's shared folder of tests/conftest.py)."""
     path = root / name
     with FileLock(f"{path}.lock"):
         if not (root / f"{name}.done").exists():

@@ -22,7 +22,7 @@ if _SHARED:
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest  # noqa: E402 (after the environment above)
-from built_once import built_once  # noqa: E402
+from built_once import built_once, session_tmp  # noqa: E402
 
 from tiny_qwen3 import TINY_QWEN3, write_tiny_qwen3  # noqa: E402
 
@@ -40,7 +40,8 @@ def kit(tmp_path_factory):
     """60 fine-tuning steps: enough for the policy to search (the retriever is really called), not to be right."""
     from trace_jax.data.search_qa_tiny import write_tiny_search_qa
 
-    return built_once(tmp_path_factory, "search_qa_kit", lambda path: write_tiny_search_qa(path, sft_steps=60))
+    return built_once(session_tmp(tmp_path_factory), "search_qa_kit",
+                      lambda path: write_tiny_search_qa(path, sft_steps=60))
 
 
 def pytest_sessionfinish(session, exitstatus):

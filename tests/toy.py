@@ -32,7 +32,7 @@ def trained_policy_state():
     """(graphdef, params) of TINY_POLICY after a short SFT on TINY_WORLD expert episodes: peaked,
     not near-uniform, next-token distributions (so small numerical errors show). Trained once per test session:
     the first worker saves the parameters in the session's shared folder (tests/conftest.py), the others load them."""
-    from filelock import FileLock
+    from built_once import built_once
     from flax import nnx
 
     from trace_jax.sharding import init_policy
@@ -41,11 +41,12 @@ def trained_policy_state():
     if "TRACE_JAX_TEST_SHARED" not in os.environ:  # outside a test session
         _train(model)
         return nnx.split(model)
-    saved = Path(os.environ["TRACE_JAX_TEST_SHARED"]) / "trained_policy.npz"
-    with FileLock(f"{saved}.lock"):
-        if not saved.exists():
-            _train(model)
-            np.savez(saved, *(np.asarray(x) for x in jax.tree.leaves(nnx.state(model))))
+
+    def train_and_save(folder: Path) -> None:
+        _train(model)
+        np.savez(folder / "params.npz", *(np.asarray(x) for x in jax.tree.leaves(nnx.state(model))))
+
+    saved = built_once(Path(os.environ["TRACE_JAX_TEST_SHARED"]), "trained_policy", train_and_save) / "params.npz"
     graphdef, params = nnx.split(model)
     with np.load(saved) as leaves:
         return graphdef, jax.tree.unflatten(jax.tree.structure(params), [jnp.asarray(leaves[f"arr_{i}"])

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from built_once import built_once
+from built_once import built_once, session_tmp
 from flax import nnx
 
 from toy import TINY_POLICY as TINY
@@ -48,13 +48,13 @@ def _base_and_data(root: Path) -> None:
 @pytest.fixture(scope="module")
 def run_dirs(tmp_path_factory):
     """A folder with the base policy (base/) and the dataset (tfds/); tests add their runs under their own names."""
-    return built_once(tmp_path_factory, "train", _base_and_data)
+    return built_once(session_tmp(tmp_path_factory), "train", _base_and_data)
 
 
 @pytest.fixture(scope="module")
 def full_run(run_dirs, tmp_path_factory) -> Path:
     """A finished 5-step run with a checkpoint every step (the newest 3 kept)."""
-    return built_once(tmp_path_factory, "train_full",
+    return built_once(session_tmp(tmp_path_factory), "train_full",
                       lambda out: train(config(run_dirs, *FULL_STEPS, f"out_dir={out}")))
 
 
