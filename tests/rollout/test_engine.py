@@ -82,3 +82,14 @@ def test_top_p_keeps_only_the_nucleus():
     assert set(np.unique(toks).tolist()) == {0, 1}
     greedy, _ = sample_tokens(logits, keys[:1], 0.0, 1.0)
     assert int(greedy[0]) == 0
+
+
+@pytest.mark.parametrize("rows", [1, 6, 32])
+def test_top_p_of_a_peaked_distribution_samples_its_mode(rows):
+    """One token holds ~99% of the mass: the nucleus is that token alone, at any batch size, jitted (a cutoff taken
+    from one computation of the log-probs and compared with another once masked every token: token 0 came out)."""
+    logits = jnp.asarray(np.random.default_rng(0).normal(size=(rows, 160)) * 3, jnp.float32).at[:, 5].set(25.0)
+    keys = jax.random.split(jax.random.key(1), rows)
+    tokens, logp = jax.jit(sample_tokens, static_argnums=(2, 3))(logits, keys, 0.7, 0.9)
+    np.testing.assert_array_equal(tokens, 5)
+    assert (np.asarray(logp) > -0.1).all()

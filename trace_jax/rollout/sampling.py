@@ -40,11 +40,13 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: float, top_p:
         return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
     masked = logp
     if top_p < 1.0:
-        sorted_logp = jnp.sort(logp, axis=-1)[:, ::-1]
-        cum = jnp.cumsum(jnp.exp(sorted_logp), axis=-1)
-        # Keep the smallest prefix whose mass reaches top_p (always at least the best token).
-        cutoff_idx = jnp.sum(cum - jnp.exp(sorted_logp) < top_p, axis=-1) - 1
-        cutoff = jnp.take_along_axis(sorted_logp, cutoff_idx[:, None], axis=-1)
-        masked = jnp.where(logp >= cutoff, logp, -jnp.inf)
+        # Keep the smallest prefix (by rank) whose mass reaches top_p, always at least the best token. Ranks, not a
+        # cutoff value: XLA may compute logp twice with different rounding, and a value compared with a cutoff
+        # taken from the other copy can then drop every token.
+        order = jnp.argsort(-logp, axis=-1)  # [S, V] token ids, most likely first
+        p_sorted = jnp.exp(jnp.take_along_axis(logp, order, axis=-1))
+        keep_sorted = jnp.cumsum(p_sorted, axis=-1) - p_sorted < top_p
+        keep = jnp.zeros_like(keep_sorted).at[jnp.arange(logp.shape[0])[:, None], order].set(keep_sorted)
+        masked = jnp.where(keep, logp, -jnp.inf)
     tokens = jax.vmap(jax.random.categorical)(keys, masked).astype(jnp.int32)
     return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
