@@ -188,17 +188,18 @@ def append_observation(model: Policy, ro: Rollout, obs: jax.Array, obs_len: jax.
                                boundary_hidden=boundary_hidden, env_state=env_state, fed_positions=fed)
 
 
+def play_turn(model: Policy, env: JaxEnv, ro: Rollout, *, sampling: SamplingConfig) -> Rollout:
+    """One turn of every live slot: generate, the environment's step, the observation into the cache."""
+    ro, action, action_len = generate_turn(model, ro, spec=TurnSpec.of(env), sampling=sampling)
+    env_state, obs, obs_len, reward, done = env.step(ro.env_state, action, action_len)
+    return append_observation(model, ro, obs, obs_len, reward, done, env_state)
+
+
 def run_turns(model: Policy, env: JaxEnv, ro: Rollout, *, sampling: SamplingConfig) -> Rollout:
     """Roll every live slot to the end of its episode, all inside the trace (JAX-native env)."""
-    spec = TurnSpec.of(env)
-
     def turn_body(_, ro):
-        def play(ro):
-            ro, action, action_len = generate_turn(model, ro, spec=spec, sampling=sampling)
-            env_state, obs, obs_len, reward, done = env.step(ro.env_state, action, action_len)
-            return append_observation(model, ro, obs, obs_len, reward, done, env_state)
-
-        return jax.lax.cond((~ro.tree.done).any(), play, lambda ro: ro, ro)
+        return jax.lax.cond((~ro.tree.done).any(), lambda ro: play_turn(model, env, ro, sampling=sampling),
+                            lambda ro: ro, ro)
 
     return jax.lax.fori_loop(0, env.max_turns, turn_body, ro)
 
@@ -229,15 +230,14 @@ def host_turn_fns(model: Policy, spec: TurnSpec, sampling: SamplingConfig, mesh:
             functools.partial(append_observation_jit.bind(model), mesh=mesh))
 
 
-def run_turns_host(generate: Callable[[Rollout], tuple[Rollout, jax.Array, jax.Array]],
+def play_turn_host(generate: Callable[[Rollout], tuple[Rollout, jax.Array, jax.Array]],
                    append: Callable[[Rollout, Any, Any, Any, Any], Rollout], env: HostEnv, ro: Rollout) -> Rollout:
-    """The same loop with the environment on the host: one `env.step` per turn for the live slots.
+    """One turn of every live slot with the environment on the host: one `env.step` for the live slots.
 
     generate / append: `generate_turn` / `append_observation` closed over model, spec and sampling,
     each jitted once by the caller (`host_turn_fns`). With several processes (slots split over their
     devices) each process's environment answers only its own rows and the observations are assembled
-    as global arrays (actions are read from the process's own shards); every process sees every row's `done`,
-    so all stop after the same turn.
+    as global arrays (actions are read from the process's own shards).
     """
     rows = process_rows(ro.tree.done.sharding, ro.tree.done.shape)  # every row in one process
     by_row, by_row_2d = ro.tree.done.sharding, ro.tree.tokens.sharding
@@ -245,16 +245,22 @@ def run_turns_host(generate: Callable[[Rollout], tuple[Rollout, jax.Array, jax.A
     def put(x: np.ndarray, dtype) -> jax.Array:  # this process's rows -> the global [S, ...] array
         return from_process_rows(np.asarray(x, dtype), rows, ro.tree.num_slots, by_row if x.ndim == 1 else by_row_2d)
 
-    question = to_process_rows(ro.tree.question, rows)
+    live = ~to_process_rows(ro.tree.done, rows)
+    question, turn = to_process_rows(ro.tree.question, rows), to_process_rows(ro.tree.num_turns, rows)
+    ro, action, action_len = generate(ro)
+    obs, obs_len, reward, done = env.step(question, turn, live, to_process_rows(action, rows),
+                                          to_process_rows(action_len, rows))
+    return append(ro, put(obs, np.int32), put(obs_len, np.int32), put(reward, np.float32), put(done, bool))
+
+
+def run_turns_host(generate: Callable[[Rollout], tuple[Rollout, jax.Array, jax.Array]],
+                   append: Callable[[Rollout, Any, Any, Any, Any], Rollout], env: HostEnv, ro: Rollout) -> Rollout:
+    """`run_turns` with the environment on the host: `play_turn_host` until every episode ended. Every
+    process sees every row's `done`, so all stop after the same turn."""
     for _ in range(env.max_turns):
-        live = ~to_host(ro.tree.done)  # [S]: every row, so that all processes stop after the same turn
-        if not live.any():
+        if to_host(ro.tree.done).all():
             break
-        turn = to_process_rows(ro.tree.num_turns, rows)
-        ro, action, action_len = generate(ro)
-        obs, obs_len, reward, done = env.step(question, turn, live[rows], to_process_rows(action, rows),
-                                              to_process_rows(action_len, rows))
-        ro = append(ro, put(obs, np.int32), put(obs_len, np.int32), put(reward, np.float32), put(done, bool))
+        ro = play_turn_host(generate, append, env, ro)
     return ro
 
 

@@ -21,11 +21,12 @@ from trace_jax.allocation import Plan
 from trace_jax.envs.base import HostEnv
 from trace_jax.models.jit import jit_with_model
 from trace_jax.models.qwen3 import Policy
+from trace_jax.rollout import refill
 from trace_jax.rollout.chunks import fork_chunk, start_chunk
-from trace_jax.rollout.engine import SamplingConfig, TurnSpec, host_turn_fns, run_turns_host
+from trace_jax.rollout.engine import SamplingConfig, TurnSpec, host_turn_fns, play_turn_host, run_turns_host
 from trace_jax.rollout.expand import Pool, join_phases, start_stage1, start_stage2
 from trace_jax.rollout.tree import Tree
-from trace_jax.sharding import constrain_rows
+from trace_jax.sharding import constrain_rows, to_host
 
 
 @jax.tree_util.register_dataclass
@@ -69,6 +70,23 @@ _fork_chunk = jit_with_model(_on_mesh(fork_chunk), static_argnames=("plan", "pad
 _join = jax.jit(join_phases)
 
 
+def _live_on_mesh(fn: Callable[..., tuple[refill.Work, Any] | refill.Work]) -> Callable[..., Any]:
+    """fn returning `Work` (alone or first), with the work's live rows split over `mesh` (a keyword)."""
+    @functools.wraps(fn)
+    def split(*args: Any, mesh: Mesh | None = None, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        w, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, None)
+        w = dataclasses.replace(w, live=constrain_rows(w.live, mesh))
+        return w if rest is None else (w, *rest)
+
+    return split
+
+
+_refill_start = jit_with_model(_live_on_mesh(refill.start), static_argnames=("plan", "live_slots", "pad_id", "mesh"))
+_refill_settle = jit_with_model(_live_on_mesh(refill.settle), static_argnames=("plan", "pad_id", "mesh"))
+_refill_finish = jax.jit(refill.finish)
+
+
 def expand_host(model: Policy, env: HostEnv, pool: Pool, key: jax.Array, *, plan: Plan, sampling: SamplingConfig,
                 pad_id: int, mesh: Mesh | None = None) -> tuple[Tree, jax.Array, dict[str, jax.Array]]:
     """`expand` with `env` on the host: (tree [S], pool_v [B], stats), equal to `expand` of the same
@@ -103,3 +121,19 @@ def rollout_host_chunk(model: Policy, env: HostEnv, pool: Pool, key: jax.Array, 
                                      pad_id=pad_id, mesh=mesh)
         phases.append(run_turns_host(generate, append, env, cont))
     return _join(phases, unplaced)
+
+
+def expand_host_refilled(model: Policy, env: HostEnv, pool: Pool, key: jax.Array, *, plan: Plan,
+                         sampling: SamplingConfig, pad_id: int, live_slots: int, mesh: Mesh | None = None
+                         ) -> tuple[Tree, jax.Array, dict[str, jax.Array]]:
+    """`rollout.refill.expand` with `env` on the host: each turn the host answers the live rows that run an
+    episode, then the finished ones are written and refilled (`refill.settle`, compiled once). The same
+    (tree [S], pool_v [B]) as `expand_host` under the same key."""
+    shape = NoEnvState.of(env)
+    generate, append = host_turn_fns(model, TurnSpec.of(env), sampling, mesh)
+    w, pool_v = _refill_start(model, shape, pool, key, plan=plan, live_slots=live_slots, pad_id=pad_id, mesh=mesh)
+    while (to_host(w.item) != refill.NO_ITEM).any():
+        w = dataclasses.replace(w, live=play_turn_host(generate, append, env, w.live))
+        w = _refill_settle(model, shape, w, plan=plan, pad_id=pad_id, mesh=mesh)
+    tree, stats = _refill_finish(w)
+    return tree, pool_v, stats
