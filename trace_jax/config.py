@@ -249,6 +249,8 @@ class TrainConfig:
     max_per_anchor: int = 0  # cap on continuations per anchor for TRACE prefixes (0: no cap)
     max_roots_per_prompt: int = 0  # cap on root rollouts per prompt for TRACE roots (0: M), so a prompt fits a chunk
     chunk_slots: int = 0  # slots rolled out (and backpropagated) at once, whole prompts per chunk (0: all M*(1+N))
+    refill_slots: int = -1  # S_live > 0: roll out on S_live rows, each taking the next episode as its own ends;
+    # 0: synchronous turns over all M*(1+N) slots; -1 (auto): 4 rows per data-parallel device on CPU, else 0
     temperature: float = 1.0  # sampling temperature of rollouts (the loss scores tokens at the same temperature)
     top_p: float = 1.0  # nucleus sampling of rollouts (1: off)
     steps: int = 40  # RL steps (one expansion and one update each)
@@ -291,8 +293,12 @@ class TrainConfig:
         if self.roots < 2:
             raise ValueError(f"train.roots (M) must be >= 2 (a prompt needs two rollouts to contrast), "
                              f"got {self.roots}")
-        if self.continuations < 0 or self.max_per_anchor < 0 or self.chunk_slots < 0:
-            raise ValueError("train.continuations, train.max_per_anchor and train.chunk_slots must be >= 0")
+        if min(self.continuations, self.max_per_anchor, self.chunk_slots, self.refill_slots + 1) < 0:
+            raise ValueError("train.continuations, max_per_anchor and chunk_slots must be >= 0, refill_slots >= -1")
+        if self.chunk_slots and self.refill_slots > 0:
+            raise ValueError(f"train.chunk_slots={self.chunk_slots} and train.refill_slots={self.refill_slots}: set "
+                             "one; both bound the slots in flight (chunks: whole prompts in turn, refill: every "
+                             "prompt on fewer rows)")
         if self.max_roots_per_prompt == 1 or self.max_roots_per_prompt < 0:
             raise ValueError(f"train.max_roots_per_prompt must be 0 (no cap) or >= 2, got {self.max_roots_per_prompt}")
         if self.chunk_slots:

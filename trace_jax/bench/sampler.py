@@ -20,13 +20,14 @@ import numpy as np
 from flax import nnx
 
 from trace_jax.allocation import Allocator, Plan
-from trace_jax.config import SFTConfig
+from trace_jax.config import SFTConfig, TrainConfig
 from trace_jax.envs.hopworld import HopWorldConfig, build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.evaluate import question_pool
 from trace_jax.models import ModelConfig, Policy, save_pretrained
 from trace_jax.models.jit import jit_with_model
 from trace_jax.rollout import expand as ex
+from trace_jax.rollout import refill
 from trace_jax.rollout.engine import SamplingConfig, TurnSpec, generate_turn, max_len, run_turns
 from trace_jax.sharding import init_policy
 from trace_jax.train.packing import prompt_sizes, rows_needed
@@ -210,6 +211,27 @@ def update_packed_vs_unpacked(model: Policy, env: HopWorldEnv, num_prompts: int,
             "time_ratio": float(np.median(timed["packed"][0]) / np.median(timed["unpacked"][0]))}
 
 
+def expansion_sync_vs_refill(model: Policy, env: HopWorldEnv, plan: Plan, live_slots: int, num_prompts: int,
+                             repeats: int = 3, seed: int = 0) -> dict[str, object]:
+    """One step's expansion by the synchronous engine and, back to back, by slot refill on live_slots rows, under
+    the same key (the same tree, checked). Positions as in `tree_fork_vs_reprefill`."""
+    pool = question_pool(env, np.arange(num_prompts))
+    kwargs = dict(plan=plan, sampling=SamplingConfig(), pad_id=protocol.PAD)
+    sync = lambda mdl, key: ex.expand_tree(mdl, env, pool, key, **kwargs)
+    refilled = lambda mdl, key: refill.expand_refilled(mdl, env, pool, key, live_slots=live_slots, **kwargs)
+    out = {}
+    for name, fn in (("sync", sync), ("refill", refilled)):
+        times, compile_s, (tree, _, stats) = _repeat(fn, repeats, model, jax.random.key(seed))
+        out[name] = {"time": times, "compile": compile_s, "tree": jax.device_get(tree),
+                     **{k: float(v) for k, v in stats.items()}}
+    a, b = out["sync"]["tree"], out["refill"]["tree"]
+    assert all(np.array_equal(x, y) for x, y in zip((a.tokens, a.length, a.parent), (b.tokens, b.length, b.parent))), \
+        "slot refill sampled a different tree under the same key"
+    out["useful"] = int(pool.lengths.sum()) + int(a.model_tokens.sum())
+    out["time_ratio"] = float(np.median(out["sync"]["time"]) / np.median(out["refill"]["time"]))
+    return out
+
+
 def hopworld_policy(checkpoint: str | None) -> Policy:
     if checkpoint and Path(checkpoint).exists():
         from trace_jax.checkpoints import load_model
@@ -251,6 +273,23 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
               f"{r['useful_reprefill']:>11} {spread(r['time_fork']):>22} {spread(r['time_reprefill']):>22} "
               f"{r['time_ratio']:7.2f}x {100 * r['utilisation_roots']:10.1f}% "
               f"{100 * r['utilisation_continuations']:9.1f}%")
+
+    cfg = TrainConfig()
+    world = HopWorldEnv(build_world(cfg.world), cfg.world)
+    plan = Plan(Allocator(cfg.allocator), roots=cfg.roots, continuations=cfg.continuations)
+    slots = plan.roots * (1 + plan.continuations)
+    print(f"\nexpansion: one step of the default run ({cfg.allocator}, pool B={cfg.pool_size}, M={plan.roots}, "
+          f"N={plan.continuations}: {slots} slots, default world), synchronous turns over all slots vs slot refill on "
+          "S_live rows, the same tree (checked)")
+    print("  utilisation = sampled tokens / (rows x decode steps); processed and useful positions as above")
+    print(f"{'S_live':>6} {'util sync':>10} {'refill':>7} {'steps sync':>11} {'refill':>7} {'processed sync':>15} "
+          f"{'refill':>7} {'useful':>7} {'time sync s':>22} {'refill s':>22} {'speedup':>8}")
+    for live in (4, 8, plan.roots):
+        r = expansion_sync_vs_refill(policy, world, plan, live, cfg.pool_size, repeats=repeats)
+        a, b = r["sync"], r["refill"]
+        print(f"{live:>6} {100 * a['utilisation']:9.1f}% {100 * b['utilisation']:6.1f}% {a['decode_steps']:>11.0f} "
+              f"{b['decode_steps']:>7.0f} {a['fed_positions']:>15.0f} {b['fed_positions']:>7.0f} {r['useful']:>7} "
+              f"{spread(a['time']):>22} {spread(b['time']):>22} {r['time_ratio']:7.2f}x")
 
     print("\nupdate: the loss forward and backward of one uniform tree (8 prompts x 2 roots x N), every slot its "
           "own row (unpacked, S x L positions) vs each distinct token once (packed: rows of Lp, as many as it needs)")

@@ -34,6 +34,11 @@ from trace_jax.sharding import constrain_rows
 NO_ITEM = -1  # `Work.item` of an idle live row
 
 
+def runs_refilled(plan: Plan, live_slots: int) -> bool:
+    """Whether a step of `plan` runs on refilled rows: live_slots set and below its M * (1 + N) slots."""
+    return 0 < live_slots < plan.roots * (1 + plan.continuations)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Work:

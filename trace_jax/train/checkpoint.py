@@ -20,9 +20,10 @@ ITEMS = ("state", "meta")
 # Config keys (or sections) a resumed run may change without allow_config_change: how long to run, how often to
 # evaluate and checkpoint, where the run, its checkpoints and the dataset live, the device layout. None alters the
 # algorithm or what the metrics measure. Keep the help of `trace-jax train --resume` in step.
-# mesh, chunk_slots, remat and pack_*: memory layout, the same updates up to rounding.
+# mesh, chunk_slots, refill_slots, remat and pack_*: memory layout and schedule, the same updates up to rounding.
 RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "out_dir", "checkpoint_dir",
-                     "data_dir", "mesh", "chunk_slots", "remat", "pack_rows", "pack_len")
+                     "data_dir", "mesh", "chunk_slots", "refill_slots", "remat",
+                     "pack_rows", "pack_len")
 
 
 def run_checkpoints_dir(cfg: TrainConfig) -> epath.Path:

@@ -33,7 +33,8 @@ from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.chunks import expand_in_chunks, rollout_chunk, runs_in_chunks
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool, expand_tree
-from trace_jax.rollout.host import expand_host, rollout_host_chunk
+from trace_jax.rollout.host import expand_host, expand_host_refilled, rollout_host_chunk
+from trace_jax.rollout.refill import expand_refilled, runs_refilled
 from trace_jax.sft import run_sft, split_questions
 from trace_jax.train.checkpoint import (
     RunCheckpoints,
@@ -91,6 +92,20 @@ class Budget(NamedTuple):
     group_size: int
 
 
+CPU_REFILL_ROWS = 4  # live rows per data-parallel device of `refill_slots: -1` on CPU (`trace-jax bench sampler`)
+
+
+def refill_rows(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None) -> int:
+    """S_live of cfg's rollouts (0: synchronous): refill_slots, or for -1 (auto) 4 rows per data-parallel device on
+    a CPU (where a decode step costs in proportion to its rows) and 0 elsewhere (unmeasured there), 0 with
+    chunk_slots."""
+    if cfg.refill_slots >= 0:
+        return cfg.refill_slots
+    if cfg.chunk_slots or jax.default_backend() != "cpu":
+        return 0
+    return CPU_REFILL_ROWS * shd.data_parallel_size(mesh)
+
+
 def step_spec(cfg: TrainConfig, budget: Budget, pad_id: int = protocol.PAD,
               mesh: jax.sharding.Mesh | None = None) -> StepSpec:
     """The step of cfg at `budget`; mesh: the slots are split over its data axes."""
@@ -100,7 +115,7 @@ def step_spec(cfg: TrainConfig, budget: Budget, pad_id: int = protocol.PAD,
                     sampling=SamplingConfig(cfg.temperature, cfg.top_p), clip_eps=cfg.clip_eps,
                     kl_coef=cfg.kl_coef, predictor_coef=cfg.predictor_coef, pad_id=pad_id,
                     predictor_backbone_grad=cfg.predictor_backbone_grad, mesh=mesh, remat=cfg.remat,
-                    pack_rows=cfg.pack_rows, pack_len=cfg.pack_len)
+                    pack_rows=cfg.pack_rows, pack_len=cfg.pack_len, refill_slots=refill_rows(cfg, mesh))
 
 
 def initial_state(cfg: TrainConfig, params: nnx.State, tx: optax.GradientTransformation) -> TrainState:
@@ -136,13 +151,21 @@ def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv | HostEnv, pools: 
     spec = WarmupSpec(batches=w.batches, group_size=w.group_size, roots=cfg.roots, continuations=cfg.continuations,
                       fit_steps=w.fit_steps, learning_rate=w.learning_rate,
                       sampling=SamplingConfig(cfg.temperature, cfg.top_p), pad_id=pad_id)
+    whole = expand
     if cfg.chunk_slots:
-        whole, run_chunk = expand, rollout_host_chunk if expand is expand_host else rollout_chunk
+        run_chunk = rollout_host_chunk if expand is expand_host else rollout_chunk
 
         def expand(*args, plan: Plan, **kwargs):  # the same trees, chunk_slots slots at a time where they exceed it
             if not runs_in_chunks(plan, cfg.chunk_slots):
                 return whole(*args, plan=plan, **kwargs)
             return expand_in_chunks(*args, plan=plan, chunk_slots=cfg.chunk_slots, run_chunk=run_chunk, **kwargs)[:3]
+    elif live_slots := refill_rows(cfg):
+        refilled = expand_host_refilled if expand is expand_host else expand_refilled
+
+        def expand(*args, plan: Plan, **kwargs):  # the same trees, on live_slots rows where they are fewer
+            if not runs_refilled(plan, live_slots):
+                return whole(*args, plan=plan, **kwargs)
+            return refilled(*args, plan=plan, live_slots=live_slots, **kwargs)
     t0 = time.perf_counter()
     _, report = warm_up_predictor(model, env, pools, jax.random.key(cfg.seed + 3), spec, expand)
     print(f"train: predictor warm-up on {w.batches} uniform-tree pools ({time.perf_counter() - t0:.0f} s), held out: "

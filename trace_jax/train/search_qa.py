@@ -37,7 +37,8 @@ from trace_jax.retrieval.client import RetrieverClient
 from trace_jax.rollout.chunks import Chunk, expand_in_chunks, runs_in_chunks
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
-from trace_jax.rollout.host import expand_host, rollout_host_chunk
+from trace_jax.rollout.host import expand_host, expand_host_refilled, rollout_host_chunk
+from trace_jax.rollout.refill import runs_refilled
 from trace_jax.rollout.tree import Tree
 from trace_jax.train.checkpoint import (
     RunCheckpoints,
@@ -115,12 +116,14 @@ def evaluate(model: Policy, env: SearchQAEnv, questions: Questions, cfg: TrainCo
 
 def expand_step(model: Policy, env: SearchQAEnv, pool: Pool, key: jax.Array, spec: StepSpec, chunk_slots: int
                 ) -> tuple[Tree, jax.Array, dict[str, jax.Array], list[Chunk] | None]:
-    """(tree, pool_v, stats, chunks) of one step with the environment on the host: `expand_host`, or
-    `expand_in_chunks` of chunk_slots slots (chunks None when not chunked)."""
+    """(tree, pool_v, stats, chunks) of one step with the environment on the host: `expand_host`,
+    `expand_in_chunks` of chunk_slots slots (chunks None when not chunked), or on spec.refill_slots refilled rows."""
     kwargs = dict(plan=spec.plan, sampling=spec.sampling, pad_id=spec.pad_id, mesh=spec.mesh)
     if runs_in_chunks(spec.plan, chunk_slots):
         return expand_in_chunks(model, env, pool, key, chunk_slots=chunk_slots, run_chunk=rollout_host_chunk,
                                 **kwargs)
+    if runs_refilled(spec.plan, spec.refill_slots):
+        return (*expand_host_refilled(model, env, pool, key, live_slots=spec.refill_slots, **kwargs), None)
     return (*expand_host(model, env, pool, key, **kwargs), None)
 
 

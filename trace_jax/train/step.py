@@ -35,6 +35,7 @@ from trace_jax.objectives import (
     solve_rates,
     weighted_policy_loss,
 )
+from trace_jax.rollout import refill
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool, expand
 from trace_jax.rollout.sampling import policy_logprobs, token_logprobs
@@ -70,8 +71,11 @@ class StepSpec:
     remat: bool = False  # the loss forward through `Policy.remat_layers`: the same values, far less saved
     pack_rows: int = 0  # R: the loss feeds each distinct token of the tree once, in R rows (`train.packing`); 0: off
     pack_len: int = 0  # Lp: positions per packed row (a prompt's whole tree must fit one)
+    refill_slots: int = 0  # S_live: the rollout runs on this many rows, refilled between turns (`rollout.refill`)
 
     def __post_init__(self) -> None:
+        if self.refill_slots < 0:
+            raise ValueError(f"refill_slots must be >= 0 (0: synchronous turns), got {self.refill_slots}")
         if min(self.pack_rows, self.pack_len) < 0 or (self.pack_rows > 0) != (self.pack_len > 0):
             raise ValueError(f"pack_rows={self.pack_rows} and pack_len={self.pack_len}: both > 0 packs the update, "
                              "both 0 does not")
@@ -263,8 +267,11 @@ def build_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: S
 
     def step(state: TrainState, env: JaxEnv, pool: Pool, key: jax.Array):
         model = nnx.merge(graphdef, state.params)
-        tree, pool_v, stats = expand(model, env, pool, key, plan=spec.plan, sampling=spec.sampling,
-                                     pad_id=spec.pad_id, mesh=spec.mesh)
+        kwargs = dict(plan=spec.plan, sampling=spec.sampling, pad_id=spec.pad_id, mesh=spec.mesh)
+        if refill.runs_refilled(spec.plan, spec.refill_slots):
+            tree, pool_v, stats = refill.expand(model, env, pool, key, live_slots=spec.refill_slots, **kwargs)
+        else:
+            tree, pool_v, stats = expand(model, env, pool, key, **kwargs)
         return update_from_tree(graphdef, tx, spec, state, tree, pool, pool_v, stats)
 
     return jax.jit(step, donate_argnums=0)
