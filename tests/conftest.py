@@ -44,6 +44,37 @@ def kit(tmp_path_factory):
                       lambda path: write_tiny_search_qa(path, sft_steps=60))
 
 
+# The longest tests (`pytest --durations`, on a 2-core machine), longest first. With pytest-xdist's work stealing each
+# worker starts on a contiguous share of the collection and steals from the end of the longest queue, so a long
+# test left at the end of a share runs alone at the end of the session; these are dealt round-robin to the front of
+# the shares instead. The search QA training test and the bring-your-checkpoint notebook land on one worker, in
+# that order: the notebook then reuses the training test's compiled programs.
+LONGEST = (
+    "tests/test_notebooks.py::test_quickstart_and_compare_run_top_to_bottom",
+    "tests/test_compare.py::test_quick_compare_end_to_end_from_raw_metrics",
+    "tests/search_qa/test_search_qa_train.py::test_trace_steps_a_dead_retriever_resume_evaluation_and_export",
+    "tests/train/test_chunked.py::test_chunked_step_equals_the_whole_step",
+    "tests/test_notebooks.py::test_bring_your_checkpoint_runs_top_to_bottom",
+    "tests/train/test_multihost.py::test_two_processes_answer_their_own_slots_on_the_host_path",
+)
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` deselected the slow tests: the shares are of what runs
+def pytest_collection_modifyitems(config, items):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set in xdist's workers, which collect
+    longest = sorted((i for i in items if i.nodeid in LONGEST), key=lambda i: LONGEST.index(i.nodeid))
+    if workers < 2 or not longest:
+        return
+    rest = iter(i for i in items if i.nodeid not in LONGEST)
+    shares, left = [], len(items)
+    for w in range(workers):  # the shares xdist hands out: len(pending) // workers still to serve
+        size = left // (workers - w)
+        head = longest[w::workers][:size]
+        shares += head + [next(rest) for _ in range(size - len(head))]
+        left -= size
+    items[:] = shares
+
+
 def pytest_sessionfinish(session, exitstatus):
     for made in (_CACHE, _SHARED):  # only the process that made them: workers find the variables set
         if made:

@@ -31,7 +31,7 @@ from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.rollout.engine import TurnSpec, max_len
 from trace_jax.train import loop
 from trace_jax.train.checkpoint import check_resume_config, newest_meta
-from trace_jax.train.loop import Budget, pool_of, step_spec, train
+from trace_jax.train.loop import Budget, pool_of, refill_rows, step_spec, train
 from trace_jax.train.step import TrainState, apply_update, build_step, make_optimizer
 
 OVERRIDES = ["world.num_entities=64", "world.num_questions=120", "pool_size=4", "roots=4", "continuations=1",
@@ -90,6 +90,9 @@ def test_sharded_step_matches_single_device(run_dirs):
     step_fn, state, env, loader = setup_step(cfg)
     mesh = shd.make_mesh(MeshConfig(data=2, fsdp=2, tensor=2))
     step_sh, state_sh, _, _ = setup_step(cfg, mesh=mesh)
+    # the default refill_slots: one device rolls out the 8 slots on 4 refilled rows, the mesh's 4 data-parallel
+    # devices synchronously (16 rows >= 8 slots): this also checks the refilled step against the synchronous one
+    assert refill_rows(cfg) == 4 and refill_rows(cfg, mesh) == 16
     assert len(jax.tree.leaves(state_sh.params)[0].sharding.device_set) > 1
     pool = pool_of(loader.batch(0))
     new, metrics = step_fn(state, env, pool, jax.random.key(0))

@@ -88,6 +88,16 @@ def _scatter_rows(dst: Any, at: jax.Array, src: Any) -> Any:
     return jax.tree.map(lambda d, s: d.at[at].set(s, mode="drop"), dst, src)
 
 
+def solve_prefix(plan: Plan, key: jax.Array, roots: Tree, m: jax.Array, solved: jax.Array
+                 ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Stage 2 of the prompts on root slots [0, solved) (whole prompts), the others masked out: (parent [M*N],
+    branch_turn [M*N], unplaced []). Each prompt spends its own budget and later continuations come after, so
+    these entries are the whole step's first ones."""
+    mine = jnp.arange(roots.num_slots) < solved
+    masked = dataclasses.replace(roots, prompt=jnp.where(mine, roots.prompt, Tree.NO_PROMPT))
+    return plan.continuation_slots(key, masked, jnp.where(jnp.cumsum(m) <= solved, m, 0))
+
+
 def start(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan, live_slots: int, pad_id: int
           ) -> tuple[Work, jax.Array]:
     """Prefill the pool, allocate roots (stage 1, as `expand`) and fill the live rows: (work, pool_v [B])."""
@@ -153,11 +163,7 @@ def settle(model: Policy, env: JaxEnv, w: Work, *, plan: Plan, pad_id: int) -> W
     w = dataclasses.replace(w, item=jnp.where(ended, NO_ITEM, w.item), roots=roots, conts=conts, finished=finished)
 
     def solve(w: Work) -> Work:
-        """Stage 2 over the solved prompts' roots: their entries are the whole step's (later ones come after)."""
-        mine = jnp.arange(num_roots) < solved
-        tree = dataclasses.replace(w.roots.tree, prompt=jnp.where(mine, w.roots.tree.prompt, Tree.NO_PROMPT))
-        m = jnp.where(jnp.cumsum(w.m) <= solved, w.m, 0)
-        parent, branch_turn, unplaced = plan.continuation_slots(w.prefix_key, tree, m)
+        parent, branch_turn, unplaced = solve_prefix(plan, w.prefix_key, w.roots.tree, w.m, solved)
         return dataclasses.replace(w, parent=parent, branch_turn=branch_turn, unplaced=unplaced, solved=solved)
 
     if plan.continuations:
