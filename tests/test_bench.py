@@ -4,8 +4,14 @@ import numpy as np
 import pytest
 
 from toy import TINY_POLICY, tiny_env
-from trace_jax.bench.sampler import sampler_tokens_per_s, tree_fork_vs_reprefill
+from trace_jax.bench.sampler import (
+    decode_flops_per_token,
+    dot_flops_per_s,
+    sampler_tokens_per_s,
+    tree_fork_vs_reprefill,
+)
 from trace_jax.envs.hopworld import HopWorldConfig
+from trace_jax.models import ModelConfig
 from trace_jax.sharding import init_policy
 
 
@@ -43,3 +49,12 @@ def test_contrast_figures_by_hand():
     # held-out outcomes [1, 0, 1, 0]; own rates [1, 2/3, 0, 0]: positives score 1 and 0, negatives 2/3 and 0
     assert r["auc_question_mean"] == pytest.approx((1 + 1 + 0 + 0.5) / 4)
     assert r["auc_hop_rate"] == pytest.approx((1 + 0.5 + 0.5 + 0) / 4)
+
+
+def test_decode_flops_count_every_projection_and_the_attention_by_hand():
+    cfg = ModelConfig(vocab_size=10, hidden_size=4, intermediate_size=6, num_layers=2, num_heads=2, num_kv_heads=1,
+                      head_dim=3)
+    # per layer: q 4x6, k 4x3, v 4x3, o 6x4 -> 72; MLP 3 x 4x6 -> 72; scores and sum over 5 positions, 6 wide -> 60
+    assert decode_flops_per_token(cfg, context=5) == 2 * (2 * (72 + 72 + 60) + 4 * 10)
+    rates = dot_flops_per_s(8, cfg, repeats=2)
+    assert rates.shape == (2,) and (rates > 0).all()

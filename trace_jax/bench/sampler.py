@@ -77,6 +77,26 @@ def sampler_tokens_per_s(model: Policy, batch: int, prompt_len: int, steps: int,
     return batch * steps / times, compile_s
 
 
+def decode_flops_per_token(cfg: ModelConfig, context: int) -> int:
+    """Multiply-adds x 2 of one sampled token: every projection (attention, MLP, the output head) and attention's
+    scores and weighted sum over `context` cached positions."""
+    d, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    per_layer = d * (2 * q + 2 * kv) + 3 * d * cfg.intermediate_size + 2 * q * context
+    return 2 * (cfg.num_layers * per_layer + d * cfg.vocab_size)
+
+
+def dot_flops_per_s(rows: int, cfg: ModelConfig, repeats: int = 5) -> np.ndarray:
+    """FLOP/s of a plain jitted `jnp.dot` [rows, hidden] x [hidden, intermediate] (the MLP's up projection of one
+    decode step) per timed run: the matmul limit of this machine at the sampler's shapes."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(rows, cfg.hidden_size)), cfg.jnp_dtype)
+    w = jnp.asarray(rng.normal(size=(cfg.hidden_size, cfg.intermediate_size)), cfg.jnp_dtype)
+    calls = 50  # one timed run: this many dots, each depending on the last (no call is skipped)
+    chain = jax.jit(lambda x, w: jax.lax.fori_loop(0, calls, lambda _, y: (y @ w)[:, : x.shape[1]] * 1e-3, x))
+    times, _, _ = _repeat(chain, repeats, x, w)
+    return 2 * rows * cfg.hidden_size * cfg.intermediate_size * calls / times
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class _NullEnv:
@@ -250,15 +270,20 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
           f"{repeats} timed runs per side after a warm-up, median [min-max]")
     print(f"threads: ours XLA CPU on {os.cpu_count()} cores, transformers torch.get_num_threads()="
           f"{torch.get_num_threads()}")
+    print("  GFLOP/s: ours at the useful FLOPs of a token (projections, output head, attention over the tokens before "
+          "it); dot: a jitted jnp.dot [batch, hidden] x [hidden, MLP width], this machine's matmul limit at these "
+          "shapes, measured in this run")
     print(f"{'model':>10} {'params':>8} {'batch':>6} {'ours tok/s':>22} {'HF tok/s':>22} {'ratio':>6} "
-          f"{'compile s':>10}")
+          f"{'compile s':>10} {'GFLOP/s':>8} {'dot':>7} {'of dot':>7}")
     for name, model, b in sizes:
         params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
         ours, compile_s = sampler_tokens_per_s(model, b, prompt_len, steps, repeats)
         theirs = transformers_tokens_per_s(model, b, prompt_len, steps, repeats)
         ratio = np.median(ours) / np.median(theirs)
+        flops = np.median(ours) * decode_flops_per_token(model.cfg, prompt_len + steps // 2)
+        limit = np.median(dot_flops_per_s(b, model.cfg, repeats))
         print(f"{name:>10} {params / 1e6:7.1f}M {b:>6} {_rate(ours):>22} {_rate(theirs):>22} {ratio:6.2f} "
-              f"{compile_s:10.1f}")
+              f"{compile_s:10.1f} {flops / 1e9:8.2f} {limit / 1e9:7.2f} {100 * flops / limit:6.1f}%")
 
     wcfg = HopWorldConfig(max_hops=2, max_turns=3, num_questions=512)
     env = HopWorldEnv(build_world(wcfg), wcfg)
