@@ -1,5 +1,6 @@
 """Slot refill samples the synchronous engine's tree under the same key, slot for slot, on fewer live rows: with
-the environment in JAX and on the host, at the sampling knobs; stage 2 of a prefix of prompts is the whole step's
+the environment in JAX and on the host, at the sampling knobs (GRPO's N = 0 path runs refilled in
+tests/test_compare.py); stage 2 of a prefix of prompts is the whole step's
 for every stage-2 rule. (That a refilled training step is the synchronous one: tests/train/test_train.py, whose
 single-device step refills and whose sharded step does not.)"""
 
@@ -28,7 +29,6 @@ B = 6
 CASES = {
     # capped anchors leave budget unplaced, so later prompts' continuation slots (and keys) shift
     "trace": (Plan(Allocator("trace", max_per_anchor=1), roots=8, continuations=3), 4, SamplingConfig(0.7, 0.9)),
-    "grpo": (Plan(Allocator("grpo", group_size=4), roots=8, continuations=0), 3, SamplingConfig(1.3)),
 }
 
 
