@@ -96,7 +96,7 @@ def _write(buf: jax.Array, pos: jax.Array, values: jax.Array) -> jax.Array:
     return buf.at[rows, pos].set(values, mode="drop")
 
 
-def _rows_where(mask: jax.Array, new: Any, old: Any) -> Any:
+def rows_where(mask: jax.Array, new: Any, old: Any) -> Any:
     """Per-row select over pytrees whose leaves lead with the slot axis."""
     return jax.tree.map(lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
 
@@ -183,7 +183,7 @@ def append_observation(model: Policy, ro: Rollout, obs: jax.Array, obs_len: jax.
     )
     boundary_hidden = ro.boundary_hidden.at[rows, jnp.where(has_obs, turn, ro.boundary_hidden.shape[1])].set(
         hidden.astype(ro.boundary_hidden.dtype), mode="drop")
-    env_state = ro.env_state if env_state is None else _rows_where(live, env_state, ro.env_state)
+    env_state = ro.env_state if env_state is None else rows_where(live, env_state, ro.env_state)
     return dataclasses.replace(ro, tree=tree, cache=out.cache, logits=logits,
                                boundary_hidden=boundary_hidden, env_state=env_state, fed_positions=fed)
 

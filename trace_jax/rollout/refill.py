@@ -26,8 +26,8 @@ from trace_jax.envs.base import JaxEnv
 from trace_jax.models.decode import Prefill
 from trace_jax.models.jit import jit_with_model
 from trace_jax.models.qwen3 import Policy
-from trace_jax.rollout.engine import Rollout, SamplingConfig, play_turn
-from trace_jax.rollout.expand import Pool, concat, fork, prefill_pool, start_roots
+from trace_jax.rollout.engine import Rollout, SamplingConfig, play_turn, rows_where
+from trace_jax.rollout.expand import Pool, concat, fork, join_phases, prefill_pool, start_roots
 from trace_jax.rollout.tree import Tree
 from trace_jax.sharding import constrain_rows
 
@@ -46,9 +46,9 @@ class Work:
 
     live: Rollout  # [S_live] rows in flight (idle ones are done)
     item: jax.Array  # [S_live] int32 step slot each live row runs, NO_ITEM when idle
-    roots: Rollout  # [M] finished root slots (tree rows, caches, boundary states, env states: what forks copy)
+    roots: Rollout  # [M] finished root slots (tree rows, caches, boundary states, env states: what forks copy);
+    # a row not written yet is unused (`roots.tree.used` marks the finished ones)
     conts: Tree  # [M*N] finished continuation slots
-    finished: jax.Array  # [M] bool: root slot written to `roots`
     parent: jax.Array  # [M*N] int32 stage 2 of the solved prompts (NO_PARENT beyond them)
     branch_turn: jax.Array  # [M*N] int32
     solved: jax.Array  # [] int32 root slots [0, solved) hold prompts whose stage 2 is solved
@@ -79,8 +79,7 @@ def _rows(ro: Rollout) -> dict[str, Any]:
 
 def _select_rows(mask: jax.Array, new: Rollout, old: Rollout) -> Rollout:
     """old with its rows where mask [S] replaced by new's (the counters stay old's)."""
-    pick = lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b)
-    return dataclasses.replace(old, **jax.tree.map(pick, _rows(new), _rows(old)))
+    return dataclasses.replace(old, **rows_where(mask, _rows(new), _rows(old)))
 
 
 def _scatter_rows(dst: Any, at: jax.Array, src: Any) -> Any:
@@ -112,7 +111,7 @@ def start(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan,
     conts = plan.roots * plan.continuations
     work = Work(live=idle, item=jnp.full((live_slots,), NO_ITEM, jnp.int32), roots=roots,
                 conts=Tree.empty(conts, roots.tree.max_len, roots.tree.max_turns, pad_id),
-                finished=jnp.zeros((plan.roots,), bool), parent=jnp.full((conts,), Tree.NO_PARENT, jnp.int32),
+                parent=jnp.full((conts,), Tree.NO_PARENT, jnp.int32),
                 branch_turn=jnp.full((conts,), Tree.NO_TURN, jnp.int32), solved=jnp.int32(0),
                 next_root=jnp.int32(0), next_cont=jnp.int32(0), unplaced=jnp.int32(0), pool=pool, prefilled=pre,
                 prompt_of_slot=prompt_of_slot, m=m, root_keys=root_keys,
@@ -156,11 +155,11 @@ def settle(model: Policy, env: JaxEnv, w: Work, *, plan: Plan, pad_id: int) -> W
     at_root = jnp.where(ended & is_root, w.item, num_roots)
     roots = dataclasses.replace(w.roots, **_scatter_rows(_rows(w.roots), at_root, _rows(w.live)))
     conts = _scatter_rows(w.conts, jnp.where(ended & ~is_root, w.item - num_roots, w.conts.num_slots), w.live.tree)
-    finished = w.finished.at[at_root].set(True, mode="drop")
+    finished = roots.tree.used
     lead = jnp.where(finished.all(), num_roots, jnp.argmin(finished))  # the first root still running
     solved = jnp.where(lead == num_roots, num_roots,
                        jnp.searchsorted(w.prompt_of_slot, w.prompt_of_slot[jnp.minimum(lead, num_roots - 1)]))
-    w = dataclasses.replace(w, item=jnp.where(ended, NO_ITEM, w.item), roots=roots, conts=conts, finished=finished)
+    w = dataclasses.replace(w, item=jnp.where(ended, NO_ITEM, w.item), roots=roots, conts=conts)
 
     def solve(w: Work) -> Work:
         parent, branch_turn, unplaced = solve_prefix(plan, w.prefix_key, w.roots.tree, w.m, solved)
@@ -172,13 +171,8 @@ def settle(model: Policy, env: JaxEnv, w: Work, *, plan: Plan, pad_id: int) -> W
 
 
 def finish(w: Work) -> tuple[Tree, dict[str, jax.Array]]:
-    """The step's tree [M + M*N] and the expansion's stats (see `expand`)."""
-    ro = w.live
-    capacity = ro.tree.num_slots * ro.decode_steps
-    stats = {"utilisation": ro.live_tokens / jnp.maximum(capacity, 1), "decode_steps": ro.decode_steps,
-             "live_tokens": ro.live_tokens, "fed_positions": ro.fed_positions, "slot_steps": capacity,
-             "stage2_unplaced": w.unplaced}
-    return concat(w.roots.tree, w.conts), stats
+    """The step's tree [M + M*N] and the expansion's stats (`rollout.expand.join_phases`'s, over the live rows)."""
+    return concat(w.roots.tree, w.conts), join_phases([w.live], w.unplaced)[1]
 
 
 def expand(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan, sampling: SamplingConfig,
