@@ -84,7 +84,7 @@ def test_cache_shardings_shard_rows_and_heads(mesh):
     cache = KVCache.init(CFG, batch=8, max_len=16)
     shardings = shd.cache_shardings(cache, mesh)
     placed = jax.device_put(cache, shardings)
-    assert placed.k[0].sharding.spec == P(("data", "fsdp"), None, "tensor", None)
+    assert placed.k[0].sharding.spec == P(("data", "fsdp"), "tensor", None, None)
     assert placed.lengths.sharding.spec == P(("data", "fsdp"))
 
 

@@ -147,22 +147,19 @@ def activation_bytes(shape: StepShape, rows: int, size: Sizer, policy_params: fl
 
 def kv_bytes(model: ModelConfig, rows: int, positions: int, size: Sizer) -> float:
     """Per-chip bytes of a `models.cache.KVCache` of `rows` x `positions`: k and v, every layer, compute dtype."""
-    shape = (rows, positions, model.num_kv_heads, model.head_dim)
-    axes = ("batch", "cache_seq", "kv_heads", "head_dim")
+    shape = (rows, model.num_kv_heads, positions, model.head_dim)
+    axes = ("batch", "kv_heads", "cache_seq", "head_dim")
     return 2 * model.num_layers * size(shape, axes, _itemsize(model.dtype))
 
 
 def forward_temps(model: ModelConfig, rows: int, fed: int, keys: int, size: Sizer) -> float:
     """Per-chip bytes of one cached forward's temporaries (`models.qwen3.Policy.__call__` with a cache, no
-    gradient). Inside a layer: the attention scores and probabilities [rows, heads, fed, keys] (float32 x 2, the
-    mask) and the layer's keys, then its values, relaid out for the attention einsums ([rows, kv_heads, keys,
-    head_dim], one at a time; the cache's layout is [rows, keys, kv_heads, head_dim]); they die before the head's
-    float32 logits [rows, fed, V] are made, so the larger of the two."""
+    gradient): inside a layer, the attention scores and probabilities [rows, heads, fed, keys] (float32 x 2, the
+    mask; the cache's keys and values are read in place); they die before the head's float32 logits [rows, fed, V]
+    are made, so the larger of the two."""
     logits = size((rows, fed, model.vocab_size), ("batch", "seq", "vocab"), 4)
     attn = size((rows, model.num_heads, fed, keys), ("batch", "q_heads", "seq", "cache_seq"), 4 + 4 + 1)
-    relaid = size((rows, model.num_kv_heads, keys, model.head_dim), ("batch", "kv_heads", "cache_seq", "head_dim"),
-                  _itemsize(model.dtype))
-    return max(logits, attn + relaid)
+    return max(logits, attn)
 
 
 def step_bytes(shape: StepShape, slots: int, mesh: Sequence[int]) -> dict[str, float]:
@@ -173,7 +170,9 @@ def step_bytes(shape: StepShape, slots: int, mesh: Sequence[int]) -> dict[str, f
     turn_rows = max(roots, slots - roots)
     stage1 = kv_bytes(m, shape.pool, shape.prompt_width, size) + kv_bytes(m, roots, length, size)
     stage1_temps = forward_temps(m, shape.pool, shape.prompt_width, shape.prompt_width, size)
-    turns = kv_bytes(m, slots, length, size)
+    # The rows running turns: the roots, then their continuations. A fork copies the roots' cache into the
+    # continuations' rows layer by layer, and each root layer dies once copied (the roots' turns are over).
+    turns = kv_bytes(m, turn_rows, length, size)
     turn_temps = forward_temps(m, turn_rows, shape.obs_len, length, size)
     tree = (size((shape.slots, length), ("batch", "seq"), 4 + 1 + 4)
             + size((shape.slots, shape.max_turns, m.hidden_size), ("batch", None, None), _itemsize(m.dtype)))

@@ -16,24 +16,25 @@ class KVCache:
     """Keys and values of every layer for a batch of rows (slots).
 
     Row b holds its tokens at cache positions 0 .. lengths[b]-1 (position == RoPE position);
-    everything at or after lengths[b] is stale and masked by causality.
+    everything at or after lengths[b] is stale and masked by causality. Heads lead positions, the layout the
+    attention's batched dots (over rows and heads) read without relaying out the cache at every step.
     """
 
-    k: tuple[jax.Array, ...]  # num_layers x [rows, cache_len, kv_heads, head_dim]
-    v: tuple[jax.Array, ...]  # num_layers x [rows, cache_len, kv_heads, head_dim]
+    k: tuple[jax.Array, ...]  # num_layers x [rows, kv_heads, cache_len, head_dim]
+    v: tuple[jax.Array, ...]  # num_layers x [rows, kv_heads, cache_len, head_dim]
     lengths: jax.Array  # [rows] int32
 
     @classmethod
     def init(cls, cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
         """An empty cache for `batch` rows of up to `max_len` positions, in the compute dtype."""
-        shape = (batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+        shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
         zeros = tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers))
         return cls(k=zeros, v=tuple(jnp.zeros_like(z) for z in zeros),
                    lengths=jnp.zeros((batch,), jnp.int32))
 
     @property
     def max_len(self) -> int:
-        return self.k[0].shape[1]
+        return self.k[0].shape[2]
 
     def take(self, rows: jax.Array) -> KVCache:
         """Row i of the result is row rows[i] of this cache (a fork copies, never recomputes)."""
@@ -44,7 +45,7 @@ class KVCache:
         pad = max_len - self.max_len
         if pad < 0:
             raise ValueError(f"cannot shrink a cache of {self.max_len} positions to {max_len}")
-        widen = lambda a: jnp.pad(a, ((0, 0), (0, pad), (0, 0), (0, 0)))
+        widen = lambda a: jnp.pad(a, ((0, 0), (0, 0), (0, pad), (0, 0)))
         return KVCache(k=tuple(map(widen, self.k)), v=tuple(map(widen, self.v)), lengths=self.lengths)
 
     def with_lengths(self, lengths: jax.Array) -> KVCache:

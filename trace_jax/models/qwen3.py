@@ -81,28 +81,28 @@ class Attention(nnx.Module):
     def __call__(self, x: jax.Array, positions: jax.Array, layer_kv: tuple[jax.Array, jax.Array] | None,
                  attend: jax.Array | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """x [rows, positions, hidden], positions [rows, positions] (RoPE positions); layer_kv: this
-        layer's cache ([rows, cache_len, kv_heads, head_dim] each) or None; attend [rows, positions, positions]
+        layer's cache ([rows, kv_heads, cache_len, head_dim] each) or None; attend [rows, positions, positions]
         bool (without a cache): which keys each query sees, in place of the causal mask."""
         cfg = self.cfg
         q = rope(self.q_norm(self._project(x, "q")), positions, cfg.rope_theta)  # [rows, positions, heads, head_dim]
         k = rope(self.k_norm(self._project(x, "k")), positions, cfg.rope_theta)  # [rows, positions, kv_heads, head_dim]
         v = self._project(x, "v")
-        if layer_kv is None:
-            keys, values, key_pos = k, v, positions
+        if layer_kv is None:  # keys and values [rows, kv_heads, positions, head_dim], the cache's layout
+            keys, values, key_pos = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), positions
         else:
             rows = jnp.arange(x.shape[0])[:, None]
-            keys = layer_kv[0].at[rows, positions].set(k, mode="drop")
-            values = layer_kv[1].at[rows, positions].set(v, mode="drop")
-            key_pos = jnp.broadcast_to(jnp.arange(keys.shape[1]), keys.shape[:2])
+            keys = layer_kv[0].at[rows, :, positions].set(k, mode="drop")
+            values = layer_kv[1].at[rows, :, positions].set(v, mode="drop")
+            key_pos = jnp.broadcast_to(jnp.arange(keys.shape[2]), (keys.shape[0], keys.shape[2]))
         b, t, n, h = q.shape
         groups = n // cfg.num_kv_heads
         qg = q.reshape(b, t, cfg.num_kv_heads, groups, h)
-        scores = jnp.einsum("btkgh,bskh->bkgts", qg, keys).astype(jnp.float32) * (h ** -0.5)
+        scores = jnp.einsum("btkgh,bksh->bkgts", qg, keys).astype(jnp.float32) * (h ** -0.5)
         if attend is None:
             attend = key_pos[:, None, :] <= positions[:, :, None]  # [rows, positions, cache_len] causal
         scores = jnp.where(attend[:, None, None], scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-        out = jnp.einsum("bkgts,bskh->btkgh", probs, values).reshape(b, t, n, h)
+        out = jnp.einsum("bkgts,bksh->btkgh", probs, values).reshape(b, t, n, h)
         y = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(x.dtype))
         if cfg.attention_bias:
             y = y + self.o_bias[...].astype(x.dtype)
