@@ -196,7 +196,8 @@ def render(plan: MemoryPlan, shape: StepShape) -> str:
     rows = [("params", plan.params_bytes, "policy" + (" + frozen reference (kl_coef > 0)" if shape.reference else "")),
             ("optimizer", plan.optimizer_bytes, "Adam's two moments"),
             ("tree", plan.tree_bytes, f"the rollout tree of all {shape.slots} slots"),
-            ("kv_cache", plan.kv_cache_bytes, f"rollout: KV caches at their peak (rows running turns, {plan.slots} slots)"),
+            ("kv_cache", plan.kv_cache_bytes,
+             f"rollout: KV caches at their peak (rows running turns, {plan.slots} slots)"),
             ("rollout", plan.rollout_bytes, "rollout: KV caches + forward temporaries"),
             ("activation", plan.activation_bytes, "loss: residuals, float32 [rows, L, V] head, gradients"),
             ("total", plan.total_bytes, "params + optimizer + tree + max(rollout, activation)")]
