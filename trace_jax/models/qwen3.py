@@ -102,7 +102,10 @@ class Attention(nnx.Module):
             attend = key_pos[:, None, :] <= positions[:, :, None]  # [rows, positions, cache_len] causal
         scores = jnp.where(attend[:, None, None], scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-        out = jnp.einsum("bkgts,bksh->btkgh", probs, values).reshape(b, t, n, h)
+        # the weighted sum in the dot's own output order, then the heads moved behind the positions: asked for
+        # [rows, positions, ...] directly, XLA:CPU runs it as a slow transposed dot (1.46x fewer sampled tokens/s)
+        out = jnp.einsum("bkgts,bksh->bkgth", probs, values)
+        out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, n, h)
         y = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(x.dtype))
         if cfg.attention_bias:
             y = y + self.o_bias[...].astype(x.dtype)
