@@ -105,8 +105,7 @@ def param_shardings(state: nnx.State, mesh: Mesh, rules: Rules | None = None) ->
 
 def cache_shardings(cache: KVCache, mesh: Mesh, rules: Rules | None = None) -> KVCache:
     """Rows over (data, fsdp), KV heads over tensor; lengths follow the rows."""
-    kv = NamedSharding(mesh, logical_spec(("batch", "kv_heads", "cache_seq", "head_dim"),
-                                          cache.k[0].shape, mesh, rules))
+    kv = NamedSharding(mesh, logical_spec(KVCache.AXES, cache.k[0].shape, mesh, rules))
     rows = NamedSharding(mesh, logical_spec(("batch",), cache.lengths.shape, mesh, rules))
     return KVCache(k=tuple(kv for _ in cache.k), v=tuple(kv for _ in cache.v), lengths=rows)
 

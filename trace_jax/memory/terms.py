@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from jax.sharding import AbstractMesh
 
+from trace_jax.models.cache import KVCache
 from trace_jax.models.config import ModelConfig
 from trace_jax.sharding import logical_spec
 
@@ -147,9 +148,8 @@ def activation_bytes(shape: StepShape, rows: int, size: Sizer, policy_params: fl
 
 def kv_bytes(model: ModelConfig, rows: int, positions: int, size: Sizer) -> float:
     """Per-chip bytes of a `models.cache.KVCache` of `rows` x `positions`: k and v, every layer, compute dtype."""
-    shape = (rows, model.num_kv_heads, positions, model.head_dim)
-    axes = ("batch", "kv_heads", "cache_seq", "head_dim")
-    return 2 * model.num_layers * size(shape, axes, _itemsize(model.dtype))
+    shape = KVCache.layer_shape(model, rows, positions)
+    return 2 * model.num_layers * size(shape, KVCache.AXES, _itemsize(model.dtype))
 
 
 def forward_temps(model: ModelConfig, rows: int, fed: int, keys: int, size: Sizer) -> float:

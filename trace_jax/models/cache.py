@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -23,11 +24,17 @@ class KVCache:
     k: tuple[jax.Array, ...]  # num_layers x [rows, kv_heads, cache_len, head_dim]
     v: tuple[jax.Array, ...]  # num_layers x [rows, kv_heads, cache_len, head_dim]
     lengths: jax.Array  # [rows] int32
+    AXES: ClassVar[tuple[str, ...]] = ("batch", "kv_heads", "cache_seq", "head_dim")  # logical axes of a k or v
+
+    @staticmethod
+    def layer_shape(cfg: ModelConfig, rows: int, max_len: int) -> tuple[int, int, int, int]:
+        """The shape of one layer's keys (or values), in the order of `AXES`."""
+        return rows, cfg.num_kv_heads, max_len, cfg.head_dim
 
     @classmethod
     def init(cls, cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
         """An empty cache for `batch` rows of up to `max_len` positions, in the compute dtype."""
-        shape = (batch, cfg.num_kv_heads, max_len, cfg.head_dim)
+        shape = cls.layer_shape(cfg, batch, max_len)
         zeros = tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers))
         return cls(k=zeros, v=tuple(jnp.zeros_like(z) for z in zeros),
                    lengths=jnp.zeros((batch,), jnp.int32))
