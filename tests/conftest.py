@@ -5,9 +5,10 @@ import os
 import shutil
 import tempfile
 
-# 8 host devices for the sharding tests; LLVM's optimisation level 0, since compiling, not running, dominates the
-# suite's time on a CPU (the programs are tiny; numerics are XLA's either way).
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
+from xla_flags import FAST_COMPILE
+
+# 8 host devices for the sharding tests, compiled for speed of compiling (`xla_flags`).
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 " + FAST_COMPILE)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # One XLA compilation cache per test session (fresh each time, shared by pytest-xdist's workers, which inherit
 # this environment): many tests compile the same programs (a training step per run, evaluation).

@@ -9,8 +9,9 @@ import subprocess
 import tempfile
 import time
 
-FOUR_DEVICES = {**os.environ,
-                "XLA_FLAGS": "--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0"}
+from xla_flags import FAST_COMPILE
+
+FOUR_DEVICES = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4 " + FAST_COMPILE}
 
 
 def _free_port() -> int:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from xla_flags import FAST_COMPILE
 
 ROOT = Path(__file__).parent.parent
 COLAB = ROOT / "launch" / "colab"
@@ -25,7 +26,7 @@ def test_each_notebook_links_and_installs_from_the_repository():
         assert not any(cell.get("outputs") for cell in book.cells if cell.cell_type == "code"), f"{name}: outputs"
 
 
-ONE_DEVICE = "--xla_backend_optimization_level=0"  # one CPU device, as on Colab's CPU runtime
+ONE_DEVICE = FAST_COMPILE  # one CPU device, as on Colab's CPU runtime
 
 
 def _run(name: str, where: Path, parameters: dict[str, str] | None = None, xla_flags: str = ONE_DEVICE):

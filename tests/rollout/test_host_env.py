@@ -56,9 +56,11 @@ def test_host_expansion_equals_the_jitted_expansion():
     host = HopWorldHost(env)
     got, got_v, got_stats = expand_host(model, host, pool, key, plan=plan, sampling=SamplingConfig(0.7),
                                         pad_id=protocol.PAD)
-    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    np.testing.assert_array_equal(np.asarray(want_v), np.asarray(got_v))
+    for a, b in zip(jax.tree.leaves((want, want_v)), jax.tree.leaves((got, got_v))):
+        if jnp.issubdtype(a.dtype, jnp.floating):  # log-probs and readings: two programs, float32 rounding apart
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5)
+        else:  # tokens, lengths, slots, turns: exactly
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert {k: int(v) for k, v in want_stats.items() if k != "utilisation"} == \
         {k: int(v) for k, v in got_stats.items() if k != "utilisation"}
     assert np.asarray(got.reward).any() and not np.asarray(got.reward).all()  # outcomes are mixed: a real check
