@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 import jax
@@ -59,27 +60,35 @@ def success_by_hops(reward: np.ndarray, hops: np.ndarray) -> dict[str, float]:
     return out
 
 
+@jax.jit
+def _quality(tree: Tree) -> dict[str, jax.Array]:
+    """`predictor_quality`'s arrays, in one program (eagerly, each small op would compile on its own)."""
+    targets, weight = node_targets(tree)
+    pred = jnp.clip(tree.success, 0.0, 1.0)
+    return calibration_report(pred, targets, weight) | predictor_report(tree)
+
+
 def predictor_quality(tree: Tree) -> dict[str, float]:
     """V~ on single-episode rollouts, against each slot's outcome: AUC, Brier and ECE for the prompt reads
     (root_*) and the turn reads (prefix_*), and the spread of the prompt reads (root_v_std)."""
-    tree = jax.tree.map(jnp.asarray, tree)
+    out = _quality(jax.tree.map(jnp.asarray, tree))
+    root_v = np.clip(np.asarray(tree.success[:, 0]), 0.0, 1.0)[np.asarray(tree.has_reading[:, 0])]
+    return {k: float(v) for k, v in out.items()} | {"root_v_std": float(root_v.std())}
+
+
+@functools.partial(jax.jit, static_argnames="bins")
+def _reliability(tree: Tree, bins: int) -> dict[str, tuple[jax.Array, jax.Array, jax.Array]]:
     targets, weight = node_targets(tree)
     pred = jnp.clip(tree.success, 0.0, 1.0)
-    root_v = pred[:, 0][np.asarray(tree.has_reading[:, 0])]
-    out = calibration_report(pred, targets, weight) | predictor_report(tree)
-    return {k: float(v) for k, v in out.items()} | {"root_v_std": float(root_v.std())}
+    return {name: reliability_bins(pred[:, cols], targets[:, cols], weight[:, cols], bins)
+            for name, cols in (("root", slice(0, 1)), ("prefix", slice(1, None)))}
 
 
 def reliability(tree: Tree, bins: int = 10) -> dict[str, dict[str, list[float]]]:
     """Reliability-diagram bins of the prompt reads ("root") and turn reads ("prefix") of `tree`."""
-    tree = jax.tree.map(jnp.asarray, tree)
-    targets, weight = node_targets(tree)
-    pred = jnp.clip(tree.success, 0.0, 1.0)
-    out = {}
-    for name, cols in (("root", slice(0, 1)), ("prefix", slice(1, None))):
-        count, mean_pred, mean_target = reliability_bins(pred[:, cols], targets[:, cols], weight[:, cols], bins)
-        out[name] = {"count": count.tolist(), "pred": mean_pred.tolist(), "target": mean_target.tolist()}
-    return out
+    out = _reliability(jax.tree.map(jnp.asarray, tree), bins)
+    return {name: {"count": count.tolist(), "pred": mean_pred.tolist(), "target": mean_target.tolist()}
+            for name, (count, mean_pred, mean_target) in out.items()}
 
 
 def hop_success(model: Policy, env: HopWorldEnv, question_ids: Sequence[int], batch: int,

@@ -49,12 +49,15 @@ def _read_hidden(model: Policy, tokens: jax.Array, positions: jax.Array) -> jax.
     return jnp.take_along_axis(hidden, positions[..., None], axis=1).astype(jnp.float32)
 
 
+_node_targets = jax.jit(node_targets)  # one program (eagerly, each small op compiles)
+
+
 def tree_readings(model: Policy, tree: Tree, prompt_offset: int) -> Readings:
     """The distinct, read nodes of `tree` as predictor data (numpy, gathered from every process); prompts
     numbered from prompt_offset."""
     hidden = shd.to_host(_read_hidden(model, tree.tokens, tree.read_positions()))
     tree = shd.to_host(tree)
-    targets, weight = map(np.asarray, node_targets(tree))
+    targets, weight = map(np.asarray, _node_targets(tree))
     rows, cols = np.nonzero(weight > 0)
     return Readings(features=hidden[rows, cols], target=targets[rows, cols],
                     outcome=np.asarray(tree.reward)[rows].astype(np.float32), is_root=cols == 0,
@@ -96,14 +99,20 @@ def fit_head(kernel: jax.Array, bias: jax.Array, data: Readings, steps: int, lea
     return p
 
 
+@jax.jit
+def _quality(pred: jax.Array, target: jax.Array, won: jax.Array, mask: jax.Array) -> tuple[jax.Array, ...]:
+    """(AUC, Brier, ECE) of pred [K] over mask [K]: one program (eagerly, each small op would compile on its own)."""
+    brier, ece = calibration(pred, target, mask.astype(jnp.float32))
+    return auc(pred, won, mask), brier, ece
+
+
 def quality(pred: np.ndarray, data: Readings) -> dict[str, float]:
     """AUC of V~ for the leaf outcome, and Brier/ECE against node targets, for root and prefix nodes."""
     out = {}
     for name, mask in (("root", data.is_root), ("prefix", ~data.is_root)):
-        m = jnp.asarray(mask)
-        brier, ece = calibration(jnp.asarray(pred), jnp.asarray(data.target), m.astype(jnp.float32))
-        out |= {f"{name}_auc": float(auc(jnp.asarray(pred), jnp.asarray(data.outcome > 0.5), m)),
-                f"{name}_brier": float(brier), f"{name}_ece": float(ece), f"{name}_nodes": int(mask.sum())}
+        area, brier, ece = _quality(pred, data.target, data.outcome > 0.5, mask)
+        out |= {f"{name}_auc": float(area), f"{name}_brier": float(brier), f"{name}_ece": float(ece),
+                f"{name}_nodes": int(mask.sum())}
     return out
 
 
