@@ -188,14 +188,16 @@ def checkpoint_step(cfg: TrainConfig, ckpts: RunCheckpoints, step: int, state: T
         raise Preempted(cfg.out_dir, step)
 
 
-def equal_cost_budget(cfg: TrainConfig, probe: Callable[[StepSpec], dict[str, jax.Array]]) -> Budget:
+def equal_cost_budget(cfg: TrainConfig, probe: Callable[[StepSpec], dict[str, jax.Array]], pad_id: int = protocol.PAD,
+                      mesh: jax.sharding.Mesh | None = None) -> Budget:
     """This run's budgets. Tree allocators use the configured (M, N). Prefix-free allocators (grpo, pcl)
     get N = 0 and a larger M so their cost matches a tree run's: the same number of leaves ("leaves"), or
     the same generated tokens ("tokens") as one expansion of the `cost_reference` allocator by the starting
     policy, whose metrics probe(spec) returns (continuations start mid-episode, so they are cheaper than
     roots). With `match_group_size`, their
     group size G is that expansion's mean leaves per opened prompt (a larger group alone is more often
-    mixed, so this control separates TRACE's choice of prompts from its group size)."""
+    mixed, so this control separates TRACE's choice of prompts from its group size). The probe's spec is the
+    reference run's own step on `mesh` (the same program, and the same rows refilled)."""
     alloc = Allocator(cfg.allocator, group_size=cfg.group_size)
     m, n, g = cfg.roots, cfg.continuations, cfg.group_size
     if alloc.uses_prefixes:
@@ -204,7 +206,7 @@ def equal_cost_budget(cfg: TrainConfig, probe: Callable[[StepSpec], dict[str, ja
         return Budget(m, 0, g)
     if cfg.equal_cost == "leaves" and not cfg.match_group_size:
         return Budget(m * (1 + n), 0, g)
-    metrics = probe(step_spec(dataclasses.replace(cfg, allocator=cfg.cost_reference), Budget(m, n, g)))
+    metrics = probe(step_spec(dataclasses.replace(cfg, allocator=cfg.cost_reference), Budget(m, n, g), pad_id, mesh))
     total, per_root = int(metrics["generated_tokens"]), int(metrics["root_generated_tokens"]) / m
     if cfg.match_group_size:
         g = min(max(1, round(float(metrics["leaves"]) / max(float(metrics["prompts"]), 1.0))), m * (1 + n))
@@ -294,9 +296,9 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
         budget = Budget(meta["roots"], meta["continuations"], meta["group_size"])
         print(f"train: resumed from step {start} ({ckpts.directory})")
     else:
-        budget = equal_cost_budget(cfg, lambda spec: make_step(graphdef, tx, dataclasses.replace(spec, mesh=mesh),
-                                                               cfg.chunk_slots)(
-            jax.tree.map(jnp.copy, state), env, global_pool(loader, 0, mesh), jax.random.key(cfg.seed + 1))[1])
+        budget = equal_cost_budget(cfg, lambda spec: make_step(graphdef, tx, spec, cfg.chunk_slots)(
+            jax.tree.map(jnp.copy, state), env, global_pool(loader, 0, mesh), jax.random.key(cfg.seed + 1))[1],
+            mesh=mesh)
     spec = step_spec(cfg, budget, mesh=mesh)
     step_fn = make_step(graphdef, tx, spec, cfg.chunk_slots)
     key = jax.random.key(cfg.seed)

@@ -11,7 +11,6 @@ each pool, and its environment calls the retriever for its own slots only; proce
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -159,11 +158,10 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
     else:
         def probe(spec):
             pool = pool_at(cfg, questions, 0, mesh)
-            spec = dataclasses.replace(spec, pad_id=pad_id)  # equal_cost_budget's spec has HopWorld's pad
             tree, _, stats, _ = expand_step(model, env, pool, jax.random.key(cfg.seed + 1), spec, cfg.chunk_slots)
             return shd.to_host(rollout_metrics(tree, pool, stats))
 
-        budget = equal_cost_budget(cfg, probe)
+        budget = equal_cost_budget(cfg, probe, pad_id, mesh)
     spec = step_spec(cfg, budget, pad_id, mesh)
     update = build_update(graphdef, tx, spec)
     chunked = ChunkedStep(graphdef, tx, spec, cfg.chunk_slots) if runs_in_chunks(spec.plan, cfg.chunk_slots) else None
