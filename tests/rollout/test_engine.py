@@ -10,7 +10,7 @@ from trace_jax.envs.hopworld import HopWorldConfig, protocol, reference
 from trace_jax.evaluate import question_pool
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import rollout_prompts
-from trace_jax.rollout.sampling import sample_tokens, token_logprobs
+from trace_jax.rollout.sampling import _first_argmax, categorical, sample_tokens, token_logprobs
 from trace_jax.sharding import init_policy
 
 
@@ -93,3 +93,31 @@ def test_top_p_of_a_peaked_distribution_samples_its_mode(rows):
     tokens, logp = jax.jit(sample_tokens, static_argnums=(2, 3))(logits, keys, 0.7, 0.9)
     np.testing.assert_array_equal(tokens, 5)
     assert (np.asarray(logp) > -0.1).all()
+
+
+@pytest.mark.parametrize("vocab", [2, 128, 129, 165, 1000, 32768])
+def test_categorical_draws_jax_categoricals_tokens(vocab):
+    """The sampler's Gumbel-max draws the very tokens of `jax.random.categorical` under the same keys (so every
+    recorded run samples what it sampled before): flat, peaked and top-p-masked logits, one row and many."""
+    rng = np.random.default_rng(vocab)
+    reference = jax.jit(jax.vmap(jax.random.categorical))
+    for trial, (rows, scale, masked) in enumerate([(1, 1.0, False), (7, 30.0, False), (64, 3.0, True)]):
+        keys = jax.vmap(jax.random.fold_in)(jax.random.split(jax.random.key(trial), rows), jnp.arange(rows))
+        logits = rng.normal(size=(rows, vocab)).astype(np.float32) * scale
+        if masked:  # what top-p leaves: most entries -inf, the best one kept
+            logits = np.where(rng.random((rows, vocab)) < 0.7, -np.inf, logits)
+            logits[:, vocab // 2] = 0.0
+        want = np.asarray(reference(keys, logits))
+        np.testing.assert_array_equal(np.asarray(jax.jit(categorical)(keys, logits)), want)
+    raw = jax.random.split(jax.random.PRNGKey(0), 3)  # raw uint32 keys: JAX's own path
+    np.testing.assert_array_equal(categorical(raw, logits[:3]), reference(raw, logits[:3]))
+
+
+def test_first_argmax_is_argmax_with_ties_across_blocks():
+    z = np.zeros((4, 300), np.float32)
+    z[0, [7, 200]] = 2.0  # ties in two blocks: the earlier wins
+    z[1, [130, 131, 299]] = 5.0
+    z[2, :] = -np.inf  # nothing but -inf: index 0, as argmax
+    z[3, [5, 260]] = np.nan  # NaN counts as the maximum, the first one
+    np.testing.assert_array_equal(_first_argmax(jnp.asarray(z)), jnp.argmax(jnp.asarray(z), axis=-1))
+    np.testing.assert_array_equal(_first_argmax(jnp.asarray(z)), [7, 130, 0, 5])

@@ -48,5 +48,57 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: float, top_p:
         keep_sorted = jnp.cumsum(p_sorted, axis=-1) - p_sorted < top_p
         keep = jnp.zeros_like(keep_sorted).at[jnp.arange(logp.shape[0])[:, None], order].set(keep_sorted)
         masked = jnp.where(keep, logp, -jnp.inf)
-    tokens = jax.vmap(jax.random.categorical)(keys, masked).astype(jnp.int32)
+    tokens = categorical(keys, masked)
     return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+
+
+def categorical(keys: jax.Array, logits: jax.Array) -> jax.Array:
+    """`jax.vmap(jax.random.categorical)(keys, logits)`, the same tokens, cheaper on a CPU: keys [S], logits
+    [S, V] -> [S] int32.
+
+    Gumbel-max as JAX draws it for threefry keys: noise[s, v] from threefry2x32(key_s, counter v), then the first
+    argmax of logits + noise. On a CPU, JAX runs threefry as a rolled loop fused into the argmax's reduce; here
+    threefry is unrolled, the noise is made once, and the argmax is taken over blocks of 128 (the first block
+    holding the maximum, then the first index in it, which is the first index overall): 64 rows of V = 32768 drew
+    7x faster, V = 165 2.4x. Other PRNG implementations, or a non-partitionable threefry, take JAX's own path (as
+    do raw uint32 keys).
+    """
+    typed = jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)
+    if not typed or str(jax.random.key_impl(keys)) != "threefry2x32" or not jax.config.jax_threefry_partitionable:
+        return jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32)
+    data = jax.random.key_data(keys)  # [S, 2] uint32
+    counter = jnp.arange(logits.shape[-1], dtype=jnp.uint32)  # the element's index; its high word is 0
+    hi, lo = _threefry2x32(data[:, :1], data[:, 1:], jnp.zeros_like(counter), counter)
+    noise = _gumbel(hi ^ lo)
+    return _first_argmax(jax.lax.optimization_barrier(logits.astype(jnp.float32) + noise))
+
+
+def _threefry2x32(k1: jax.Array, k2: jax.Array, x1: jax.Array, x2: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The Threefry-2x32 hash (20 rounds) of counters (x1, x2) under key (k1, k2), uint32, broadcast."""
+    ks = (k1, k2, k1 ^ k2 ^ jnp.uint32(0x1BD11BDA))
+    x1, x2 = x1 + ks[0], x2 + ks[1]
+    for i in range(5):
+        for r in ((13, 15, 26, 6), (17, 29, 16, 24))[i % 2]:
+            x1 = x1 + x2
+            x2 = x1 ^ ((x2 << jnp.uint32(r)) | (x2 >> jnp.uint32(32 - r)))
+        x1, x2 = x1 + ks[(i + 1) % 3], x2 + ks[(i + 2) % 3] + jnp.uint32(i + 1)
+    return x1, x2
+
+
+def _gumbel(bits: jax.Array) -> jax.Array:
+    """Standard Gumbel noise from uint32 bits, as `jax.random.gumbel` makes it: uniform in [tiny, 1), -log(-log)."""
+    tiny = jnp.finfo(jnp.float32).tiny
+    u = jax.lax.bitcast_convert_type((bits >> jnp.uint32(9)) | jnp.uint32(0x3F800000), jnp.float32) - 1.0
+    u = jnp.maximum(tiny, u * (jnp.float32(1.0) - tiny) + tiny)
+    return -jnp.log(-jnp.log(u))
+
+
+def _first_argmax(z: jax.Array, block: int = 128) -> jax.Array:
+    """jnp.argmax(z, -1) of z [S, V] (the first index of each row's maximum) as int32, in blocks of `block`."""
+    s, v = z.shape
+    if v <= block:
+        return jnp.argmax(z, axis=-1).astype(jnp.int32)
+    z = jnp.pad(z, ((0, 0), (0, -v % block)), constant_values=-jnp.inf).reshape(s, -1, block)
+    first = jnp.argmax(z.max(axis=-1), axis=-1)  # [S] the first block holding the maximum
+    inner = jnp.argmax(jnp.take_along_axis(z, first[:, None, None], axis=1)[:, 0], axis=-1)
+    return (first * block + inner).astype(jnp.int32)
