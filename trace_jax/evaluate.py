@@ -60,35 +60,26 @@ def success_by_hops(reward: np.ndarray, hops: np.ndarray) -> dict[str, float]:
     return out
 
 
-@jax.jit
-def _quality(tree: Tree) -> dict[str, jax.Array]:
-    """`predictor_quality`'s arrays, in one program (eagerly, each small op would compile on its own)."""
-    targets, weight = node_targets(tree)
-    pred = jnp.clip(tree.success, 0.0, 1.0)
-    return calibration_report(pred, targets, weight) | predictor_report(tree)
-
-
-def predictor_quality(tree: Tree) -> dict[str, float]:
-    """V~ on single-episode rollouts, against each slot's outcome: AUC, Brier and ECE for the prompt reads
-    (root_*) and the turn reads (prefix_*), and the spread of the prompt reads (root_v_std)."""
-    out = _quality(jax.tree.map(jnp.asarray, tree))
-    root_v = np.clip(np.asarray(tree.success[:, 0]), 0.0, 1.0)[np.asarray(tree.has_reading[:, 0])]
-    return {k: float(v) for k, v in out.items()} | {"root_v_std": float(root_v.std())}
-
-
 @functools.partial(jax.jit, static_argnames="bins")
-def _reliability(tree: Tree, bins: int) -> dict[str, tuple[jax.Array, jax.Array, jax.Array]]:
+def _predictor_arrays(tree: Tree, bins: int) -> tuple[dict[str, jax.Array], dict[str, tuple[jax.Array, ...]]]:
+    """`predictor_quality`'s arrays, in one program over one computation of the node targets (eagerly, each small op
+    would compile on its own)."""
     targets, weight = node_targets(tree)
     pred = jnp.clip(tree.success, 0.0, 1.0)
-    return {name: reliability_bins(pred[:, cols], targets[:, cols], weight[:, cols], bins)
-            for name, cols in (("root", slice(0, 1)), ("prefix", slice(1, None)))}
+    diagram = {name: reliability_bins(pred[:, cols], targets[:, cols], weight[:, cols], bins)
+               for name, cols in (("root", slice(0, 1)), ("prefix", slice(1, None)))}
+    return calibration_report(pred, targets, weight, bins) | predictor_report(tree), diagram
 
 
-def reliability(tree: Tree, bins: int = 10) -> dict[str, dict[str, list[float]]]:
-    """Reliability-diagram bins of the prompt reads ("root") and turn reads ("prefix") of `tree`."""
-    out = _reliability(jax.tree.map(jnp.asarray, tree), bins)
-    return {name: {"count": count.tolist(), "pred": mean_pred.tolist(), "target": mean_target.tolist()}
-            for name, (count, mean_pred, mean_target) in out.items()}
+def predictor_quality(tree: Tree, bins: int = 10) -> tuple[dict[str, float], dict[str, dict[str, list[float]]]]:
+    """V~ on single-episode rollouts, against each slot's outcome: (AUC, Brier and ECE for the prompt reads
+    (root_*) and the turn reads (prefix_*), and the spread of the prompt reads (root_v_std); the reliability-diagram
+    bins of the prompt reads ("root") and turn reads ("prefix"))."""
+    scores, diagram = _predictor_arrays(jax.tree.map(jnp.asarray, tree), bins)
+    root_v = np.clip(np.asarray(tree.success[:, 0]), 0.0, 1.0)[np.asarray(tree.has_reading[:, 0])]
+    scores = {k: float(v) for k, v in scores.items()} | {"root_v_std": float(root_v.std())}
+    return scores, {name: {"count": count.tolist(), "pred": mean_pred.tolist(), "target": mean_target.tolist()}
+                    for name, (count, mean_pred, mean_target) in diagram.items()}
 
 
 def hop_success(model: Policy, env: HopWorldEnv, question_ids: Sequence[int], batch: int,

@@ -27,7 +27,7 @@ from trace_jax.data.loader import hopworld_loader
 from trace_jax.envs.base import HostEnv
 from trace_jax.envs.hopworld import build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
-from trace_jax.evaluate import predictor_quality, reliability, rollout_questions, success_by_hops
+from trace_jax.evaluate import predictor_quality, rollout_questions, success_by_hops
 from trace_jax.metrics import MetricsLogger, plot_metrics, plot_reliability, read_metrics, rewind_jsonl
 from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.chunks import expand_in_chunks, rollout_chunk, runs_in_chunks
@@ -243,8 +243,9 @@ def evaluate(model: Policy, env: HopWorldEnv, questions: np.ndarray, cfg: TrainC
     tree = rollout_questions(model, env, questions, cfg.eval_batch, jax.random.fold_in(jax.random.key(cfg.seed + 7),
                              step), SamplingConfig(cfg.temperature, cfg.top_p), progress=distributed.is_main(),
                              mesh=shd.make_mesh(cfg.mesh))
-    out = success_by_hops(tree.reward, np.asarray(env.world.hops)[questions]) | predictor_quality(tree)
-    return {f"eval/{k}": v for k, v in out.items()}, reliability(tree)
+    scores, bins = predictor_quality(tree)
+    out = success_by_hops(tree.reward, np.asarray(env.world.hops)[questions]) | scores
+    return {f"eval/{k}": v for k, v in out.items()}, bins
 
 
 def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = False,
