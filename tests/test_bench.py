@@ -1,5 +1,7 @@
 """Smoke test of the sampler benchmark's measurements on a tiny model (speed is not asserted)."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -58,3 +60,86 @@ def test_decode_flops_count_every_projection_and_the_attention_by_hand():
     assert decode_flops_per_token(cfg, context=5) == 2 * (2 * (72 + 72 + 60) + 4 * 10)
     rates = dot_flops_per_s(8, cfg, repeats=2)
     assert rates.shape == (2,) and (rates > 0).all()
+
+
+def _slot(world, question, docs, invalid_at=()):
+    """One root slot of `question` whose turn t retrieves entity docs[t] (an invalid turn at invalid_at), then answers:
+    (tokens, boundaries) as the engine lays them out."""
+    from trace_jax.envs.hopworld import protocol
+
+    tokens = protocol.prompt_ids(world.question_ids(question))
+    prompt_len, boundaries = len(tokens), []
+    for t, e in enumerate(docs):
+        action = [protocol.THINK, protocol.THINK_END, protocol.SEARCH, *world.name_ids(e), protocol.SEARCH_END]
+        obs = list(protocol.INVALID_OBS) if t in invalid_at else [protocol.INFO, *world.doc_ids(e), protocol.INFO_END]
+        tokens += action + obs
+        boundaries.append(len(tokens))
+    tokens += [protocol.THINK, protocol.THINK_END, protocol.ANSWER, protocol.ANSWER_END]
+    boundaries.append(len(tokens))
+    return tokens, prompt_len, boundaries
+
+
+def test_chain_progress_counts_chain_documents_in_order():
+    import dataclasses
+
+    from trace_jax.bench.contrast import chain_progress, prefix_states
+    from trace_jax.envs.hopworld import build_world, protocol
+    from trace_jax.rollout.tree import Tree
+
+    world = build_world(HopWorldConfig(seed=3, num_entities=64, num_questions=200))
+    q = int(np.flatnonzero(world.hops == 3)[0])
+    chain = [int(world.question_starts[q])]
+    for r in world.question_paths[q][:3]:
+        chain.append(int(world.relations[chain[-1], r]))
+    other = next(e for e in range(world.num_entities) if e not in chain)
+    slots = [_slot(world, q, chain[:3]),  # the expert's path: 1, 2, 3 entities reached
+             _slot(world, q, [chain[1], other, chain[0], chain[2]]),  # out of order: nothing until the start is read
+             _slot(world, q, [chain[0], chain[1]], invalid_at=(1,))]  # an invalid turn reads no document
+    tree = Tree.empty(3, 128, 6, protocol.PAD)
+    tokens, boundaries = np.array(tree.tokens), np.array(tree.boundaries)
+    for i, (row, _, ends) in enumerate(slots):
+        tokens[i, : len(row)], boundaries[i, : len(ends)] = row, ends
+    tree = dataclasses.replace(tree, tokens=tokens, boundaries=boundaries,
+                               prompt_len=np.array([s[1] for s in slots], np.int32),
+                               num_turns=np.array([len(s[2]) for s in slots], np.int32),
+                               question=np.full(3, q, np.int32), prompt=np.zeros(3, np.int32))
+    progress = chain_progress(tree, world)
+    np.testing.assert_array_equal(progress[0, :4], [1, 2, 3, 3])
+    np.testing.assert_array_equal(progress[1, :5], [0, 0, 2, 3, 3])
+    np.testing.assert_array_equal(progress[2, :3], [1, 1, 1])
+    assert (progress[:, 5] == -1).all() and progress[2, 3] == -1
+    slot, turn, states = prefix_states(tree, world)  # non-final turns only
+    np.testing.assert_array_equal(slot, [0, 0, 0, 1, 1, 1, 1, 2, 2])
+    np.testing.assert_array_equal(states[3:7], [[3, 0, 0], [3, 1, 0], [3, 2, 2], [3, 3, 3]])
+
+
+def test_state_rate_auc_by_hand():
+    from trace_jax.bench.contrast import state_rate_auc
+
+    states = np.array([[0], [0], [1], [1], [1], [2], [0], [1], [2], [3]])
+    won = np.array([1, 1, 0, 0, 1, 1, 1, 0, 0, 1], bool)
+    held = np.array([0, 0, 0, 0, 0, 0, 1, 1, 1, 1], bool)
+    # fitted rates: state 0 -> 1, 1 -> 1/3, 2 -> 1; unseen state 3 -> overall 4/6. Held out: positives score 1 and
+    # 2/3, negatives 1/3 and 1: pairs (1 vs 1/3) 1, (1 vs 1) 0.5, (2/3 vs 1/3) 1, (2/3 vs 1) 0
+    assert state_rate_auc(states, won, held) == pytest.approx(2.5 / 4)
+
+
+@pytest.mark.slow  # the figures' arithmetic is tested above; this runs the command end to end at a tiny size
+def test_contrast_bench_runs_end_to_end(tmp_path, capsys):
+    from flax import nnx
+
+    from toy import TINY_WORLD, trained_policy_state
+    from trace_jax.checkpoints import save_model
+    from trace_jax.cli import main
+
+    save_model(tmp_path / "base", 0, nnx.merge(*trained_policy_state()))  # it wins some episodes: AUCs are defined
+    w = TINY_WORLD
+    args = [f"world.seed={w.seed}", f"world.num_entities={w.num_entities}", f"world.num_questions={w.num_questions}",
+            f"world.max_turns={w.max_turns}", "pool_size=4", "roots=4", "continuations=1",
+            "group_size=2", "eval_batch=16", "warmup.batches=1", "warmup.fit_steps=20",
+            f"init_checkpoint={tmp_path / 'base'}", f"data_dir={tmp_path / 'tfds'}"]
+    assert main(["bench", "contrast", *args, "--samples", "3", "--group", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "mixed groups of 2" in printed and "warmed-up head" in printed
+    assert re.search(r"prefix AUC over \d+ turn nodes of the held-out episodes: .* [\d.]+, warmed-up head [\d.]+",
+                     printed)

@@ -379,9 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     loader.set_defaults(func=_bench_loader)
     contrast = bench.add_parser("contrast", help="a world's contrast (GRPO's effective ratio) and predictor ceilings",
                                 description="Sample K episodes of every test question with the base policy: success "
-                                            "per hop, the share of mixed groups of G, and the root AUC a predictor "
-                                            "can reach (the question's own success rate, its hop count's), beside "
-                                            "the warmed-up head's.")
+                                            "per hop, the share of mixed groups of G, the root AUC a predictor "
+                                            "can reach (the question's own success rate, its hop count's) and the "
+                                            "prefix AUC of the turn nodes' world state, beside the warmed-up "
+                                            "head's.")
     _add_config_args(contrast)
     contrast.add_argument("--samples", type=_positive_int, default=9, help="episodes per test question (K)")
     contrast.add_argument("--group", type=_positive_int, default=8, help="group size G (< K)")

@@ -7,7 +7,11 @@ question. Printed:
   drawn uniformly (the paper's math setting: 26.8% at G = 8);
 - ceilings for the root AUC of any predictor of a new episode's outcome: the question's empirical success
   over the other K - 1 episodes, and its hop count's success rate;
-- with the predictor warm-up of the config applied, the head's root AUC for the same held-out episodes.
+- ceilings for the prefix AUC (turn nodes: the state after each non-final turn): the success rate, over the other
+  K - 1 episodes of every question, of the node's state in the world (hop count, turns taken, and how many entities
+  of the question's chain the retrieved documents have reached in order). A predictor that reads the history can
+  know that state exactly;
+- with the predictor warm-up of the config applied, the head's root and prefix AUC for the same held-out episodes.
 """
 
 from __future__ import annotations
@@ -15,14 +19,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from trace_jax.config import TrainConfig
 from trace_jax.data.hopworld_tfds import build_dataset
-from trace_jax.envs.hopworld import build_world
+from trace_jax.envs.hopworld import build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
+from trace_jax.envs.hopworld.world import World
 from trace_jax.evaluate import question_pool, rollout_questions, success_by_hops
 from trace_jax.objectives import auc
 from trace_jax.rollout.engine import SamplingConfig
+from trace_jax.rollout.tree import Tree
 
 
 def contrast_figures(reward: np.ndarray, hops: np.ndarray, group: int) -> dict[str, float]:
@@ -39,9 +46,60 @@ def contrast_figures(reward: np.ndarray, hops: np.ndarray, group: int) -> dict[s
     return out
 
 
+def chain_progress(tree: Tree, world: World) -> np.ndarray:
+    """[S, T] int32: after turn t of each (root) slot, how many entities of its question's chain (start, then each
+    hop's target) the documents retrieved so far reach in order; -1 for turns not taken. Read off the observations:
+    a turn's document is the last `<information> ... </information>` span before its boundary."""
+    doc_entity = {tuple(world.doc_ids(e)): e for e in range(world.num_entities)}
+    s, turns = tree.boundaries.shape
+    out = np.full((s, turns), -1, np.int32)
+    for i in range(s):
+        q = int(tree.question[i])
+        chain, e = [int(world.question_starts[q])], int(world.question_starts[q])
+        for r in world.question_paths[q][: world.hops[q]]:
+            e = int(world.relations[e, r])
+            chain.append(e)
+        seen, start = set(), int(tree.prompt_len[i])
+        for t in range(int(tree.num_turns[i])):
+            end = int(tree.boundaries[i, t])
+            span = tree.tokens[i, start:end].tolist()
+            start = end
+            if protocol.INFO in span and protocol.INFO_END in span[span.index(protocol.INFO):]:
+                opened = len(span) - 1 - span[::-1].index(protocol.INFO)
+                closed = opened + span[opened:].index(protocol.INFO_END)
+                seen.add(doc_entity.get(tuple(span[opened + 1 : closed]), -1))
+            reached = 0
+            while reached < len(chain) and chain[reached] in seen:
+                reached += 1
+            out[i, t] = reached
+    return out
+
+
+def prefix_states(tree: Tree, world: World) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(slot [K], turn [K], state [K, 3]) of every prefix node: the boundary after each non-final turn t of a slot;
+    state = (hops, t, chain progress)."""
+    progress = chain_progress(tree, world)
+    slot, turn = np.nonzero(np.arange(tree.max_turns)[None, :] < np.asarray(tree.num_turns)[:, None] - 1)
+    hops = np.asarray(world.hops)[np.asarray(tree.question)[slot]]
+    return slot, turn, np.stack([hops, turn, progress[slot, turn]], axis=1)
+
+
+def state_rate_auc(states: np.ndarray, won: np.ndarray, held: np.ndarray) -> float:
+    """AUC over the held [K] nodes of the success rate of their state ([K, F] int), estimated from the other nodes;
+    a state never seen outside held-out nodes scores the overall rate."""
+    keys = [tuple(r) for r in states.tolist()]
+    fit = {}
+    for k, w in zip((k for k, h in zip(keys, held) if not h), won[~held]):
+        n, s = fit.get(k, (0, 0.0))
+        fit[k] = (n + 1, s + float(w))
+    base = float(won[~held].mean())
+    rate = np.array([fit[k][1] / fit[k][0] if k in fit else base for k, h in zip(keys, held) if h])
+    return float(auc(jnp.asarray(rate), jnp.asarray(won[held]), jnp.ones(len(rate), bool)))
+
+
 def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = True) -> dict[str, float]:
     """The figures above as a dict: success_hop{h}, mixed_at_group, auc_question_mean, auc_hop_rate,
-    auc_head (after the warm-up; absent when warmup is False)."""
+    prefix_auc_state, prefix_nodes, and auc_head, prefix_auc_head (after the warm-up; absent when warmup is False)."""
     from trace_jax.train.loop import base_policy, held_out_questions, warm_up
 
     if samples < group + 1 or group < 2:
@@ -56,13 +114,32 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
                              sampling)
     reward = np.asarray(tree.reward).reshape(len(questions), samples) > 0.5
     out = contrast_figures(reward, np.asarray(env.world.hops)[questions], group)
+    slot, turn, states = prefix_states(tree, env.world)
+    held = slot % samples == samples - 1  # the held-out episode of each question (slots are question-major)
+    won = np.asarray(tree.reward)[slot] > 0.5
+    out["prefix_auc_state"] = state_rate_auc(states, won, held)
+    out["prefix_nodes"] = int(held.sum())
     if warmup and cfg.warmup.batches:
         warm_up(cfg, model, env)
         pool = question_pool(env, questions)
         hidden = model(pool.tokens).hidden  # [questions, P, D]: the prompt read is at its last token
         v = model.success_from_hidden(hidden[jnp.arange(len(questions)), pool.lengths - 1])
         out["auc_head"] = float(auc(v, jnp.asarray(reward[:, -1]), jnp.ones(len(questions), bool)))
+        rows, at = np.unique(slot[held], return_inverse=True)  # the held-out slots; each node's row among them
+        reads = np.asarray(tree.read_positions())[rows]
+        v = np.concatenate([np.asarray(_turn_readings(model, tree.tokens[rows[i:i + cfg.eval_batch]],
+                                                      reads[i:i + cfg.eval_batch]))
+                            for i in range(0, len(rows), cfg.eval_batch)])  # [rows, T+1]
+        head = v[at, turn[held] + 1]
+        out["prefix_auc_head"] = float(auc(jnp.asarray(head), jnp.asarray(won[held]), jnp.ones(len(head), bool)))
     return out
+
+
+@nnx.jit
+def _turn_readings(model, tokens: jax.Array, positions: jax.Array) -> jax.Array:
+    """[S, T+1] V~ of the head at each node's read position, from one forward of tokens [S, L]."""
+    hidden = model(tokens).hidden
+    return model.success_from_hidden(jnp.take_along_axis(hidden, positions[..., None], axis=1))
 
 
 def run_contrast_bench(cfg: TrainConfig, samples: int, group: int) -> dict[str, float]:
@@ -74,4 +151,7 @@ def run_contrast_bench(cfg: TrainConfig, samples: int, group: int) -> dict[str, 
     print(f"root AUC for a held-out episode: question's success over {samples - 1} others "
           f"{r['auc_question_mean']:.3f}, hop count's success rate {r['auc_hop_rate']:.3f}"
           + (f", warmed-up head {r['auc_head']:.3f}" if "auc_head" in r else ""))
+    print(f"prefix AUC over {r['prefix_nodes']} turn nodes of the held-out episodes: success rate of the node's state "
+          f"(hops, turn, chain entities reached) {r['prefix_auc_state']:.3f}"
+          + (f", warmed-up head {r['prefix_auc_head']:.3f}" if "prefix_auc_head" in r else ""))
     return r
