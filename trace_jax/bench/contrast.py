@@ -19,14 +19,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from trace_jax.config import TrainConfig
 from trace_jax.data.hopworld_tfds import build_dataset
 from trace_jax.envs.hopworld import build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.envs.hopworld.world import World
-from trace_jax.evaluate import question_pool, rollout_questions, success_by_hops
+from trace_jax.evaluate import rollout_questions, success_by_hops
 from trace_jax.objectives import auc
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.tree import Tree
@@ -101,6 +100,7 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
     """The figures above as a dict: success_hop{h}, mixed_at_group, auc_question_mean, auc_hop_rate,
     prefix_auc_state, prefix_nodes, and auc_head, prefix_auc_head (after the warm-up; absent when warmup is False)."""
     from trace_jax.train.loop import base_policy, held_out_questions, warm_up
+    from trace_jax.train.warmup import read_hidden
 
     if samples < group + 1 or group < 2:
         raise ValueError(f"need group >= 2 and samples >= group + 1 (one held-out episode), got group={group}, "
@@ -121,25 +121,16 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
     out["prefix_nodes"] = int(held.sum())
     if warmup and cfg.warmup.batches:
         warm_up(cfg, model, env)
-        pool = question_pool(env, questions)
-        hidden = model(pool.tokens).hidden  # [questions, P, D]: the prompt read is at its last token
-        v = model.success_from_hidden(hidden[jnp.arange(len(questions)), pool.lengths - 1])
-        out["auc_head"] = float(auc(v, jnp.asarray(reward[:, -1]), jnp.ones(len(questions), bool)))
-        rows, at = np.unique(slot[held], return_inverse=True)  # the held-out slots; each node's row among them
-        reads = np.asarray(tree.read_positions())[rows]
-        v = np.concatenate([np.asarray(_turn_readings(model, tree.tokens[rows[i:i + cfg.eval_batch]],
-                                                      reads[i:i + cfg.eval_batch]))
-                            for i in range(0, len(rows), cfg.eval_batch)])  # [rows, T+1]
-        head = v[at, turn[held] + 1]
+        rows = np.arange(len(questions)) * samples + samples - 1  # each question's held-out episode
+        reads, b = np.asarray(tree.read_positions())[rows], cfg.eval_batch
+        v = np.concatenate([np.asarray(model.success_from_hidden(read_hidden(model, tree.tokens[rows[i:i + b]],
+                                                                             reads[i:i + b])))
+                            for i in range(0, len(rows), b)])  # [questions, T+1] V~ of each node
+        every = jnp.ones(len(questions), bool)
+        out["auc_head"] = float(auc(jnp.asarray(v[:, 0]), jnp.asarray(reward[:, -1]), every))
+        head = v[slot[held] // samples, turn[held] + 1]
         out["prefix_auc_head"] = float(auc(jnp.asarray(head), jnp.asarray(won[held]), jnp.ones(len(head), bool)))
     return out
-
-
-@nnx.jit
-def _turn_readings(model, tokens: jax.Array, positions: jax.Array) -> jax.Array:
-    """[S, T+1] V~ of the head at each node's read position, from one forward of tokens [S, L]."""
-    hidden = model(tokens).hidden
-    return model.success_from_hidden(jnp.take_along_axis(hidden, positions[..., None], axis=1))
 
 
 def run_contrast_bench(cfg: TrainConfig, samples: int, group: int) -> dict[str, float]:

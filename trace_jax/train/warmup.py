@@ -43,7 +43,7 @@ class Readings:
 
 
 @nnx.jit
-def _read_hidden(model: Policy, tokens: jax.Array, positions: jax.Array) -> jax.Array:
+def read_hidden(model: Policy, tokens: jax.Array, positions: jax.Array) -> jax.Array:
     """[S, T+1, D] float32 final hidden state at each node's read position, from one forward of tokens [S, L]."""
     hidden = model(tokens).hidden
     return jnp.take_along_axis(hidden, positions[..., None], axis=1).astype(jnp.float32)
@@ -55,7 +55,7 @@ _node_targets = jax.jit(node_targets)  # one program (eagerly, each small op com
 def tree_readings(model: Policy, tree: Tree, prompt_offset: int) -> Readings:
     """The distinct, read nodes of `tree` as predictor data (numpy, gathered from every process); prompts
     numbered from prompt_offset."""
-    hidden = shd.to_host(_read_hidden(model, tree.tokens, tree.read_positions()))
+    hidden = shd.to_host(read_hidden(model, tree.tokens, tree.read_positions()))
     tree = shd.to_host(tree)
     targets, weight = map(np.asarray, _node_targets(tree))
     rows, cols = np.nonzero(weight > 0)
