@@ -308,8 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "checkpoint was saved with. Changes allowed (they alter neither the algorithm nor what the "
                             "metrics measure): steps (to extend the run; not below the checkpoint's step), eval_every, "
                             "checkpoint_every, keep_checkpoints, out_dir, checkpoint_dir and data_dir (a moved run, "
-                            "checkpoints or dataset), mesh.*, chunk_slots, refill_slots, remat, pack_rows and "
-                            "pack_len (device layout, schedule and memory); any other needs --allow-config-change")
+                            "checkpoints or dataset), mesh.*, chunk_slots, refill_slots, remat, pack_rows, "
+                            "pack_len and pack_block (device layout, schedule and memory); any other needs "
+                            "--allow-config-change")
     train.add_argument("--allow-config-change", action="store_true",
                        help="with --resume: continue even though other config keys changed (they are listed)")
     hosts = train.add_argument_group(

@@ -264,6 +264,7 @@ class TrainConfig:
     remat: bool = False  # the loss keeps each layer's input only and recomputes layers in the backward (less memory)
     pack_rows: int = 0  # R > 0: the update feeds each distinct token of the tree once, packed in R rows (0: off)
     pack_len: int = 0  # positions per packed row; a prompt's whole tree must fit one, else that step runs unpacked
+    pack_block: int = 16  # positions per block of a packed row: each slot's tokens start one (pack_len a multiple)
     warmup: WarmupConfig = WarmupConfig()  # the predictor warm-up before RL
     eval_every: int = 20  # steps between test-split evaluations (also at start and end)
     eval_batch: int = 128  # slots per evaluation rollout (one compilation)
@@ -315,6 +316,9 @@ class TrainConfig:
         if self.pack_rows < 0 or self.pack_len < 0 or (self.pack_rows > 0) != (self.pack_len > 0):
             raise ValueError(f"train.pack_rows={self.pack_rows} and train.pack_len={self.pack_len}: set both > 0 to "
                              "pack the update (e.g. 8 and 1024 for the default HopWorld run), or both 0")
+        if self.pack_block < 1 or self.pack_len % self.pack_block:
+            raise ValueError(f"train.pack_len={self.pack_len} must be a multiple of train.pack_block="
+                             f"{self.pack_block} (>= 1): packed rows are laid in whole blocks")
         if self.roots % self.warmup.group_size:
             raise ValueError(f"warmup.group_size={self.warmup.group_size} must divide train.roots={self.roots}")
 

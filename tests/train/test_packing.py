@@ -26,6 +26,7 @@ from trace_jax.config import TrainConfig, load_config
 from trace_jax.envs.hopworld import protocol
 from trace_jax.evaluate import question_pool
 from trace_jax.metrics import MetricsLogger
+from trace_jax.models import Paged
 from trace_jax.models.cache import KVCache
 from trace_jax.objectives import advantages
 from trace_jax.rollout.engine import SamplingConfig
@@ -33,16 +34,16 @@ from trace_jax.rollout.expand import expand_tree
 from trace_jax.rollout.tree import Tree
 from trace_jax.sharding import init_policy
 from trace_jax.train.loop import Budget, record_step, step_spec
-from trace_jax.train.packing import canonical_sources, pack, prompt_sizes, rows_needed
+from trace_jax.train.packing import canonical_sources, pack, prompt_sizes
 from trace_jax.train.step import StepSpec, tree_grads
 
 POLICY = dataclasses.replace(TINY_POLICY, num_layers=2)
 M, N, TURNS, WIDTH = 4, 2, 3, 24  # random trees: S = 12 slots of L = 24
-ROWS, ROW_LEN = 3, 64  # their packing: 192 < S * L = 288 positions
+ROWS, ROW_LEN, BLOCK = 3, 64, 4  # their packing: 192 < S * L = 288 positions, each slot's tokens from a block
 SPEC = StepSpec(plan=Plan(Allocator("uniform_tree", group_size=2), roots=M, continuations=N),
                 sampling=SamplingConfig(temperature=0.7), clip_eps=0.2, kl_coef=0.1, predictor_coef=1.0,
                 pad_id=protocol.PAD, predictor_backbone_grad=True)
-PACKED = dataclasses.replace(SPEC, pack_rows=ROWS, pack_len=ROW_LEN)
+PACKED = dataclasses.replace(SPEC, pack_rows=ROWS, pack_len=ROW_LEN, pack_block=BLOCK)
 
 
 @pytest.fixture(scope="module")
@@ -171,23 +172,30 @@ def brute_force_sources(tree: Tree) -> tuple[np.ndarray, np.ndarray]:
     return src, fork
 
 
-def next_fit(tree: Tree) -> tuple[int, int]:
-    """(rows, largest prompt): next-fit of every prompt's canonical tokens (by prompt index), each whole, into rows
-    of ROW_LEN, however many it takes."""
+def tree_sizes(tree: Tree, block: int) -> np.ndarray:
+    """Positions each prompt's canonical tokens take, each slot's in whole blocks, by prompt index (used ones)."""
     t = jax.tree.map(np.asarray, tree)
     used = t.prompt != Tree.NO_PROMPT
-    sizes = np.bincount(t.prompt[used], weights=(t.length - brute_force_sources(tree)[1])[used])
+    span = -(-(t.length - brute_force_sources(tree)[1]) // block) * block
+    sizes = np.bincount(t.prompt[used], weights=span[used]).astype(int)
+    return sizes[sizes > 0]
+
+
+def next_fit(tree: Tree, block: int = BLOCK) -> tuple[int, int]:
+    """(rows, largest prompt): next-fit of every prompt's canonical tokens (by prompt index), each whole and each
+    slot's in whole blocks, into rows of ROW_LEN, however many it takes."""
+    sizes = tree_sizes(tree, block)
     rows, fill = 1, 0
-    for n in sizes[sizes > 0]:
+    for n in sizes:
         if fill + n > ROW_LEN:
             rows, fill = rows + 1, 0
         fill += n
     return rows, int(sizes.max())
 
 
-def fits(tree: Tree) -> bool:
+def fits(tree: Tree, block: int = BLOCK) -> bool:
     """Whether next-fit lays every prompt's canonical tokens, each whole, into ROWS x ROW_LEN."""
-    rows, largest = next_fit(tree)
+    rows, largest = next_fit(tree, block)
     return largest <= ROW_LEN and rows <= ROWS
 
 
@@ -210,11 +218,12 @@ def test_packed_update_equals_unpacked(state, compiled, seed, roots, prompts, fo
 
 
 @settings(max_examples=15, deadline=None)
-@given(**TREES)
-def test_packing_against_brute_force(seed, roots, prompts, forks):
-    """Copies hold their canonical copy's token, mask and log-prob; every canonical token sits once in the rows; the
-    mask is the brute-force rule and gives each query exactly its slot's causal prefix; each token is scored from
-    its slot's previous position, read where its slot reads, and carries the loss terms of the slots holding it."""
+@given(**TREES, block=st.sampled_from([1, BLOCK, 16]))
+def test_packing_against_brute_force(seed, roots, prompts, forks, block):
+    """Copies hold their canonical copy's token, mask and log-prob; every canonical token sits once in the rows,
+    each slot's from a block's start; each query sees exactly its slot's causal prefix (keys at their canonical
+    copies, in position order); each token is scored from its slot's previous position, read where its slot
+    reads, and carries the loss terms of the slots holding it."""
     tree = random_tree(seed, roots, prompts, forks)
     t = jax.tree.map(np.asarray, tree)
     s, adv = t.num_slots, np.asarray(advantages(tree))
@@ -228,15 +237,20 @@ def test_packing_against_brute_force(seed, roots, prompts, forks):
         x = getattr(t, name)
         np.testing.assert_array_equal(np.where(real, x[src, np.arange(WIDTH)], 0), np.where(real, x, 0))
 
-    assert int(rows_needed(prompt_sizes(tree), ROW_LEN)) == next_fit(tree)[0]  # what the bench sizes packing by
-    packed = jax.tree.map(np.asarray, jax.jit(pack, static_argnums=(2, 3))(tree, jnp.asarray(adv), ROWS, ROW_LEN))
-    assert bool(packed.overflow) == (not fits(tree))
+    sizes = np.asarray(prompt_sizes(tree, block))
+    np.testing.assert_array_equal(sizes[sizes > 0], tree_sizes(tree, block))  # what the bench sizes its row by
+    packed = jax.tree.map(np.asarray, jax.jit(pack, static_argnums=(2, 3, 4))(tree, jnp.asarray(adv), ROWS, ROW_LEN,
+                                                                               block))
+    assert bool(packed.overflow) == (not fits(tree, block))
     if packed.overflow:
         return
     token = packed.slot < s  # [R, Lp]
     where = {(int(packed.slot[r, c]), int(packed.positions[r, c])): (r, c) for r, c in zip(*np.nonzero(token))}
     canonical = real & (np.arange(WIDTH) >= fork[:, None])
     assert sorted(where) == sorted(zip(*map(np.ndarray.tolist, np.nonzero(canonical)))) and len(where) == token.sum()
+    for i in np.nonzero(used)[0]:
+        if want_fork[i] < t.length[i]:
+            assert where[i, want_fork[i]][1] % block == 0  # a slot's first token starts a block
     flat = lambda i, p: where[want_src[i, p], p][0] * ROW_LEN + where[want_src[i, p], p][1]  # (s, p)'s copy
     terms = {k: np.zeros((ROWS, ROW_LEN)) for k in ("paths", "pos_adv", "neg_adv", "num_pos", "num_neg")}
     for i, p in zip(*np.nonzero(real & t.policy_mask & (np.arange(WIDTH) >= 1))):
@@ -251,20 +265,18 @@ def test_packing_against_brute_force(seed, roots, prompts, forks):
         assert packed.reads[i, k] == flat(i, nodes[i, k])
     for r in range(ROWS):
         for q in range(ROW_LEN):
-            sees = packed.attend[r, q]
+            keys = packed.paged.keys[r, q // block]
+            seen = keys[packed.paged.attend[r, q // block, q % block]]  # the row's columns the query sees
             if not token[r, q]:
-                np.testing.assert_array_equal(sees, np.arange(ROW_LEN) == q)  # padding: itself only
+                assert len(seen) == 1  # padding sees one key: a finite softmax
                 continue
             i, p = int(packed.slot[r, q]), int(packed.positions[r, q])
             assert packed.tokens[r, q] == t.tokens[i, p] and packed.logp_old[r, q] == t.logprobs[i, p]
             if p >= 1:
                 assert packed.prev[r, q] == flat(i, p - 1)
-            key_slot, key_pos = packed.slot[r], packed.positions[r]
-            rule = token[r] & (key_pos <= p) & (want_src[i, np.minimum(key_pos, WIDTH - 1)] == key_slot)
-            np.testing.assert_array_equal(sees, rule)
-            order = np.argsort(key_pos[sees])
-            np.testing.assert_array_equal(key_pos[sees][order], np.arange(p + 1))
-            np.testing.assert_array_equal(packed.tokens[r][sees][order], t.tokens[i, :p + 1])
+            np.testing.assert_array_equal(r * ROW_LEN + seen, [flat(i, k) for k in range(p + 1)])
+            np.testing.assert_array_equal(packed.positions[r, seen], np.arange(p + 1))
+            np.testing.assert_array_equal(packed.tokens[r, seen], t.tokens[i, :p + 1])
 
 
 def test_a_real_rollout_packs_to_the_same_update(state, compiled):
@@ -290,7 +302,7 @@ def test_a_real_rollout_packs_to_the_same_update(state, compiled):
     assert float(unpacked[1]["clip_frac"]) > 0 and float(unpacked[1]["kl_ref"]) > 0
     assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(unpacked[2])) > 1e-3  # not a vanishing gradient
     rows, row_len = 2, 256
-    packed = update(dataclasses.replace(SPEC, pack_rows=rows, pack_len=row_len))
+    packed = update(dataclasses.replace(SPEC, pack_rows=rows, pack_len=row_len, pack_block=8))
     assert not bool(packed[1]["pack_overflow"])
     assert int(packed[1]["update_positions"]) == rows * row_len < tree.tokens.size
     assert_same_update(packed, unpacked)
@@ -310,32 +322,42 @@ def test_a_tree_the_rows_cannot_hold_falls_back(state, compiled):
 
 
 def test_packing_options(state):
-    """Both packing sizes or neither, in the step and in the train config (which passes them on). The policy
-    refuses positions and attend with a cache (decoding); given the causal positions and mask, its forward is the
-    default one bit for bit; through `remat_layers` it sees the same mask."""
+    """Both packing sizes or neither, rows of whole blocks, in the step and in the train config (which passes them
+    on). The policy refuses positions and paged keys with a cache (decoding). Given every position as keys with the
+    causal mask, one block of the row or blocks of 2, its forward is the default one; a branching mask changes it,
+    and through `remat_layers` it sees the same keys."""
     with pytest.raises(ValueError, match="pack_rows=2 and pack_len=0"):
         dataclasses.replace(SPEC, pack_rows=2)
+    with pytest.raises(ValueError, match="pack_len=60 must be a multiple of pack_block=16"):
+        dataclasses.replace(SPEC, pack_rows=2, pack_len=60)
     with pytest.raises(ValueError, match="train.pack_rows=0 and train.pack_len=512: set both > 0"):
         load_config(TrainConfig, None, ["pack_len=512"])
-    cfg = load_config(TrainConfig, None, ["pack_rows=6", "pack_len=512"])
+    with pytest.raises(ValueError, match="train.pack_len=500 must be a multiple of train.pack_block=16"):
+        load_config(TrainConfig, None, ["pack_rows=6", "pack_len=500"])
+    cfg = load_config(TrainConfig, None, ["pack_rows=6", "pack_len=512", "pack_block=32"])
     spec = step_spec(cfg, Budget(cfg.roots, cfg.continuations, cfg.group_size))
-    assert (spec.pack_rows, spec.pack_len) == (6, 512)  # what `trace-jax train` runs
+    assert (spec.pack_rows, spec.pack_len, spec.pack_block) == (6, 512, 32)  # what `trace-jax train` runs
     graphdef, params, _ = state
     tokens = jnp.arange(6, dtype=jnp.int32)[None] + 3
-    with pytest.raises(ValueError, match="positions and attend apply to a forward without a cache"):
-        nnx.merge(graphdef, params)(tokens, cache=KVCache.init(POLICY, 1, 8), attend=jnp.ones((1, 6, 6), bool))
-    two_paths = jnp.tril(jnp.ones((6, 6), bool)).at[3:, 1:3].set(False)[None]  # positions 3.. branch after 0
+    every = jnp.arange(6)[None, None]  # [rows, blocks, seen]: one block seeing the whole row
+    causal = jnp.tril(jnp.ones((6, 6), bool))[None, None]  # [rows, blocks, block, seen]
+    with pytest.raises(ValueError, match="positions and paged apply to a forward without a cache"):
+        nnx.merge(graphdef, params)(tokens, cache=KVCache.init(POLICY, 1, 8), paged=Paged(every, causal))
+    two_paths = Paged(every, causal.at[..., 3:, 1:3].set(False))  # positions 3.. branch after 0
+    pairs = Paged(jnp.broadcast_to(every, (1, 3, 6)), causal.reshape(1, 3, 2, 6))  # blocks of 2, causal
 
     @jax.jit
     def forwards(params):
         policy = nnx.merge(graphdef, params)
         positions = jnp.array([[0, 1, 2, 1, 2, 3]])
-        return (policy(tokens).logits, policy(tokens, positions=jnp.arange(6)[None], attend=jnp.tril(
-            jnp.ones((6, 6), bool))[None]).logits, policy(tokens, positions=positions, attend=two_paths).logits,
-                policy(tokens, positions=positions, attend=two_paths, remat=True).logits)
+        causal_forward = lambda paged: policy(tokens, positions=jnp.arange(6)[None], paged=paged).logits
+        return (policy(tokens).logits, causal_forward(Paged(every, causal)), causal_forward(pairs),
+                policy(tokens, positions=positions, paged=two_paths).logits,
+                policy(tokens, positions=positions, paged=two_paths, remat=True).logits)
 
-    default, causal, packed, remat = forwards(params)
-    np.testing.assert_array_equal(causal, default)
+    default, causal, blocks, packed, remat = forwards(params)
+    np.testing.assert_allclose(causal, default, atol=1e-5)
+    np.testing.assert_allclose(blocks, default, atol=1e-5)
     np.testing.assert_allclose(remat, packed, atol=1e-5)
     assert float(jnp.abs(packed - default).max()) > 1e-2  # the mask and positions do change the forward
 

@@ -30,7 +30,7 @@ from trace_jax.rollout import expand as ex
 from trace_jax.rollout import refill
 from trace_jax.rollout.engine import SamplingConfig, TurnSpec, generate_turn, max_len, run_turns
 from trace_jax.sharding import init_policy
-from trace_jax.train.packing import prompt_sizes, rows_needed
+from trace_jax.train.packing import prompt_sizes
 from trace_jax.train.step import StepSpec, tree_grads
 
 MID_SIZE = ModelConfig(vocab_size=32768, hidden_size=1024, intermediate_size=3072, num_layers=8, num_heads=16,
@@ -204,29 +204,28 @@ def tree_fork_vs_reprefill(model: Policy, env: HopWorldEnv, num_prompts: int, ro
 
 
 def update_packed_vs_unpacked(model: Policy, env: HopWorldEnv, num_prompts: int, roots_per_prompt: int, n: int,
-                              row_len: int, repeats: int = 3, seed: int = 0) -> dict[str, object]:
+                              block: int, repeats: int = 3, seed: int = 0) -> dict[str, object]:
     """The update (loss forward and backward, `train.step.tree_grads`) of one uniform tree, unpacked and packed,
-    back to back. Packed into rows of row_len, as many as next-fit needs for this tree."""
+    back to back. Packed into one row just long enough for this tree, its slots' tokens in blocks of `block`."""
     plan = Plan(Allocator("uniform_tree", group_size=roots_per_prompt), roots=num_prompts * roots_per_prompt,
                 continuations=n)
     sampling = SamplingConfig()
     tree, _, _ = ex.expand_tree(model, env, question_pool(env, np.arange(num_prompts)), jax.random.key(seed),
                                 plan=plan, sampling=sampling, pad_id=protocol.PAD)
-    sizes = prompt_sizes(tree)
-    rows = int(rows_needed(sizes, row_len))
+    row_len = int(prompt_sizes(tree, block).sum())
     graphdef, params = nnx.split(model)
     unpacked = StepSpec(plan=plan, sampling=sampling, clip_eps=0.2, kl_coef=0.0, predictor_coef=1.0,
                         pad_id=protocol.PAD)
-    packed = dataclasses.replace(unpacked, pack_rows=rows, pack_len=row_len)
+    packed = dataclasses.replace(unpacked, pack_rows=1, pack_len=row_len, pack_block=block)
     timed = {}
     for name, spec in (("unpacked", unpacked), ("packed", packed)):
         fn = jax.jit(lambda params, tree, spec=spec: tree_grads(graphdef, spec, params, None, tree))
         timed[name] = _repeat(fn, repeats, params, tree)
     aux = timed["packed"][2][1]
     assert not bool(aux["pack_overflow"]), "sized to this tree, the packing cannot overflow"
-    return {"rows": rows, "positions_unpacked": tree.tokens.size, "positions_packed": int(aux["update_positions"]),
+    return {"positions_unpacked": tree.tokens.size, "positions_packed": int(aux["update_positions"]),
             "real_tokens": int(tree.length.sum()),
-            "canonical_tokens": int(sizes.sum()),
+            "canonical_tokens": int(prompt_sizes(tree, 1).sum()),
             "time_unpacked": timed["unpacked"][0], "time_packed": timed["packed"][0],
             "time_ratio": float(np.median(timed["packed"][0]) / np.median(timed["unpacked"][0]))}
 
@@ -317,13 +316,15 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
               f"{spread(a['time']):>22} {spread(b['time']):>22} {r['time_ratio']:7.2f}x")
 
     print("\nupdate: the loss forward and backward of one uniform tree (8 prompts x 2 roots x N), every slot its "
-          "own row (unpacked, S x L positions) vs each distinct token once (packed: rows of Lp, as many as it needs)")
-    print(f"{'N':>3} {'Lp':>5} {'rows':>5} {'positions':>10} {'packed':>7} {'ratio':>6} {'real':>6} {'distinct':>9} "
-          f"{'time unpacked s':>22} {'packed s':>22} {'ratio':>6}")
-    for n, row_len in ((2, 512), (6, 1024)):
-        r = update_packed_vs_unpacked(policy, env, num_prompts=8, roots_per_prompt=2, n=n, row_len=row_len,
+          "own row (unpacked, S x L positions) vs each distinct token once (packed: one row as long as the tree "
+          "needs, each slot's tokens from a block of Bk)")
+    print(f"{'N':>3} {'Bk':>3} {'positions':>10} {'packed':>7} {'ratio':>6} {'real':>6} "
+          f"{'distinct':>9} {'time unpacked s':>22} {'packed s':>22} {'ratio':>6}")
+    for n in (2, 6):
+        block = StepSpec.pack_block
+        r = update_packed_vs_unpacked(policy, env, num_prompts=8, roots_per_prompt=2, n=n, block=block,
                                       repeats=repeats)
-        print(f"{n:>3} {row_len:>5} {r['rows']:>5} {r['positions_unpacked']:>10} {r['positions_packed']:>7} "
+        print(f"{n:>3} {block:>3} {r['positions_unpacked']:>10} {r['positions_packed']:>7} "
               f"{r['positions_packed'] / r['positions_unpacked']:6.2f} {r['real_tokens']:>6} "
               f"{r['canonical_tokens']:>9} {spread(r['time_unpacked']):>22} {spread(r['time_packed']):>22} "
               f"{r['time_ratio']:6.2f}")

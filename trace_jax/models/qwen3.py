@@ -28,6 +28,17 @@ class ModelOutput:
     cache: KVCache | None
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Paged:
+    """Which keys each query sees in a forward without a cache, in place of the causal mask: a row's positions
+    fall in blocks of equal size, and each block attends over its own list of the row's positions (a packed
+    tree's block holds one slot's tokens and sees that slot's causal prefix wherever it lies in the row)."""
+
+    keys: jax.Array  # [rows, blocks, seen] int32 the row's positions the block's queries may see
+    attend: jax.Array  # [rows, blocks, block, seen] bool which of them each query sees
+
+
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], dtype,
            std: float = 0.02) -> nnx.Param:
     return nnx.Param(std * jax.random.normal(rngs.params(), shape, dtype), axes=axes)
@@ -79,14 +90,16 @@ class Attention(nnx.Module):
         return y
 
     def __call__(self, x: jax.Array, positions: jax.Array, layer_kv: tuple[jax.Array, jax.Array] | None,
-                 attend: jax.Array | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
+                 paged: Paged | None = None) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
         """x [rows, positions, hidden], positions [rows, positions] (RoPE positions); layer_kv: this
-        layer's cache ([rows, kv_heads, cache_len, head_dim] each) or None; attend [rows, positions, positions]
-        bool (without a cache): which keys each query sees, in place of the causal mask."""
+        layer's cache ([rows, kv_heads, cache_len, head_dim] each) or None; paged (without a cache): the keys
+        each block of queries sees, in place of the causal mask."""
         cfg = self.cfg
         q = rope(self.q_norm(self._project(x, "q")), positions, cfg.rope_theta)  # [rows, positions, heads, head_dim]
         k = rope(self.k_norm(self._project(x, "k")), positions, cfg.rope_theta)  # [rows, positions, kv_heads, head_dim]
         v = self._project(x, "v")
+        if paged is not None:
+            return self._paged(x, q, k, v, paged), None
         if layer_kv is None:  # keys and values [rows, kv_heads, positions, head_dim], the cache's layout
             keys, values, key_pos = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), positions
         else:
@@ -98,18 +111,34 @@ class Attention(nnx.Module):
         groups = n // cfg.num_kv_heads
         qg = q.reshape(b, t, cfg.num_kv_heads, groups, h)
         scores = jnp.einsum("btkgh,bksh->bkgts", qg, keys).astype(jnp.float32) * (h ** -0.5)
-        if attend is None:
-            attend = key_pos[:, None, :] <= positions[:, :, None]  # [rows, positions, cache_len] causal
+        attend = key_pos[:, None, :] <= positions[:, :, None]  # [rows, positions, cache_len] causal
         scores = jnp.where(attend[:, None, None], scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
         # the weighted sum in the dot's own output order, then the heads moved behind the positions: asked for
         # [rows, positions, ...] directly, XLA:CPU runs it as a slow transposed batched dot
         out = jnp.einsum("bkgts,bksh->bkgth", probs, values)
         out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(b, t, n, h)
-        y = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(x.dtype))
-        if cfg.attention_bias:
-            y = y + self.o_bias[...].astype(x.dtype)
-        return y, (None if layer_kv is None else (keys, values))
+        return self._out(out), (None if layer_kv is None else (keys, values))
+
+    def _out(self, out: jax.Array) -> jax.Array:
+        """[rows, positions, heads, head_dim] attention outputs -> [rows, positions, hidden]."""
+        y = jnp.einsum("btnh,nhd->btd", out, self.o_proj[...].astype(out.dtype))
+        return y + self.o_bias[...].astype(out.dtype) if self.cfg.attention_bias else y
+
+    def _paged(self, x: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, paged: Paged) -> jax.Array:
+        """Attention of each block of queries over keys gathered from its row: q [rows, positions, heads,
+        head_dim], k and v [rows, positions, kv_heads, head_dim] -> [rows, positions, hidden]."""
+        b, t, n, h = q.shape
+        _, blocks, size, seen = paged.attend.shape
+        kv = self.cfg.num_kv_heads
+        qg = q.reshape(b, blocks, size, kv, n // kv, h)
+        gather = jax.vmap(lambda rows, index: rows[index])  # [rows, positions, ...] at [rows, blocks, seen]
+        keys, values = gather(k, paged.keys), gather(v, paged.keys)  # [rows, blocks, seen, kv_heads, head_dim]
+        scores = jnp.einsum("bctkgh,bcskh->bckgts", qg, keys).astype(jnp.float32) * (h ** -0.5)
+        scores = jnp.where(paged.attend[:, :, None, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+        out = jnp.einsum("bckgts,bcskh->bckgth", probs, values)
+        return self._out(jnp.transpose(out, (0, 1, 4, 2, 3, 5)).reshape(b, t, n, h))
 
 
 class MLP(nnx.Module):
@@ -132,8 +161,8 @@ class DecoderLayer(nnx.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.jnp_param_dtype)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x, positions, layer_kv, attend=None):
-        attn, layer_kv = self.self_attn(self.input_layernorm(x), positions, layer_kv, attend)
+    def __call__(self, x, positions, layer_kv, paged=None):
+        attn, layer_kv = self.self_attn(self.input_layernorm(x), positions, layer_kv, paged)
         x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x)), layer_kv
 
@@ -162,8 +191,8 @@ class Policy(nnx.Module):
         """Success head V~: sigmoid of a linear read of the final hidden state [..., hidden] -> [...]."""
         return jax.nn.sigmoid(hidden.astype(jnp.float32) @ self.success_kernel[...] + self.success_bias[...])
 
-    def remat_layers(self, x: jax.Array, positions: jax.Array, attend: jax.Array | None = None) -> jax.Array:
-        """The layers over x [rows, positions, hidden] without a cache (attend: as in `Attention`; None: causal), as
+    def remat_layers(self, x: jax.Array, positions: jax.Array, paged: Paged | None = None) -> jax.Array:
+        """The layers over x [rows, positions, hidden] without a cache (paged: as in `Attention`; None: causal), as
         one `lax.scan` over their stacked weights whose body is rematerialised: a gradient keeps each layer's input
         only and recomputes one layer at a time in the backward (the loop makes any backend's scheduler do so).
         Costs a stacked copy of the layers' weights and one more forward."""
@@ -172,26 +201,26 @@ class Policy(nnx.Module):
 
         @jax.checkpoint
         def body(x: jax.Array, weights: nnx.State) -> tuple[jax.Array, None]:
-            return nnx.merge(graphdef, weights)(x, positions, None, attend)[0], None
+            return nnx.merge(graphdef, weights)(x, positions, None, paged)[0], None
 
         return jax.lax.scan(body, x, stacked)[0]
 
     def __call__(self, input_ids: jax.Array, *, cache: KVCache | None = None,
                  num_valid: jax.Array | None = None, remat: bool = False, positions: jax.Array | None = None,
-                 attend: jax.Array | None = None) -> ModelOutput:
+                 paged: Paged | None = None) -> ModelOutput:
         """Forward `input_ids` [rows, positions].
 
         Without a cache: a causal pass over positions 0..n-1 (pads at the end are harmless); remat: through
         `remat_layers` (the same values; a gradient saves far less). A packed forward (`train.packing`) gives
-        each token its RoPE position, positions [rows, positions], and the keys it sees, attend [rows, positions,
-        positions] bool, in place of the causal mask.
+        each token its RoPE position, positions [rows, positions], and the keys it sees, `paged`, in place of the
+        causal mask.
         With a cache: row b's tokens go to positions cache.lengths[b] + t; `num_valid` [rows] (default
         all n) of them are real and the returned cache's lengths advance by that much.
         """
         if remat and cache is not None:
             raise ValueError("remat applies to a forward without a cache (the training loss), not to decoding")
-        if cache is not None and (positions is not None or attend is not None):
-            raise ValueError("positions and attend apply to a forward without a cache (the packed training loss), "
+        if cache is not None and (positions is not None or paged is not None):
+            raise ValueError("positions and paged apply to a forward without a cache (the packed training loss), "
                              "not to decoding: a cache sets each row's positions and attends causally")
         b, t = input_ids.shape
         cfg = self.cfg
@@ -202,12 +231,12 @@ class Policy(nnx.Module):
         new_k, new_v = [], []
         for i, layer in enumerate([] if remat else self.layers):
             layer_kv = None if cache is None else (cache.k[i], cache.v[i])
-            x, layer_kv = layer(x, positions, layer_kv, attend)
+            x, layer_kv = layer(x, positions, layer_kv, paged)
             if layer_kv is not None:
                 new_k.append(layer_kv[0])
                 new_v.append(layer_kv[1])
         if remat:
-            x = self.remat_layers(x, positions, attend)
+            x = self.remat_layers(x, positions, paged)
         hidden = self.norm(x)
         logits, success = self.logits_from_hidden(hidden), self.success_from_hidden(hidden)
         new_cache = None

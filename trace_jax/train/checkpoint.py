@@ -23,7 +23,7 @@ ITEMS = ("state", "meta")
 # mesh, chunk_slots, refill_slots, remat and pack_*: memory layout and schedule, the same updates up to rounding.
 RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "out_dir", "checkpoint_dir",
                      "data_dir", "mesh", "chunk_slots", "refill_slots", "remat",
-                     "pack_rows", "pack_len")
+                     "pack_rows", "pack_len", "pack_block")
 
 
 def run_checkpoints_dir(cfg: TrainConfig) -> epath.Path:

@@ -115,7 +115,8 @@ def step_spec(cfg: TrainConfig, budget: Budget, pad_id: int = protocol.PAD,
                     sampling=SamplingConfig(cfg.temperature, cfg.top_p), clip_eps=cfg.clip_eps,
                     kl_coef=cfg.kl_coef, predictor_coef=cfg.predictor_coef, pad_id=pad_id,
                     predictor_backbone_grad=cfg.predictor_backbone_grad, mesh=mesh, remat=cfg.remat,
-                    pack_rows=cfg.pack_rows, pack_len=cfg.pack_len, refill_slots=refill_rows(cfg, mesh))
+                    pack_rows=cfg.pack_rows, pack_len=cfg.pack_len, pack_block=cfg.pack_block,
+                    refill_slots=refill_rows(cfg, mesh))
 
 
 def initial_state(cfg: TrainConfig, params: nnx.State, tx: optax.GradientTransformation) -> TrainState:

@@ -4,10 +4,12 @@ A continuation holds a copy of its parent root's tokens before `tree.start`, and
 hold its prompt tokens, so the unpacked loss feeds those copies through forward and backward again. Here each
 token (s, p) has one canonical copy, at slot src[s, p]: the slot itself from its fork position on, before it
 its owner's (a continuation's parent root; a root's the first root of its prompt, from prompt_len). The
-canonical tokens of one prompt's slots share a row, prompts laid next-fit into R rows of Lp positions, and a
-tree attention mask gives each token exactly the keys its slot's causal prefix holds: the loss, its
-gradients and its metrics equal the unpacked ones up to float rounding. Letters: see `rollout/tree.py`;
-R packed rows, Lp packed row length; a flat location is row * Lp + column.
+canonical tokens of one prompt's slots share a row, prompts laid next-fit into R rows of Lp positions. Each
+slot's tokens start a block of Bk positions (the rest of its last block is padding), so a block of queries
+belongs to one slot and attends over that slot's L positions gathered from the row (`models.Paged`): exactly
+the keys its causal prefix holds, at L keys a query rather than Lp. The loss, its gradients and its metrics
+equal the unpacked ones up to float rounding. Letters: see `rollout/tree.py`; R packed rows, Lp packed row
+length, Bk block length; a flat location is row * Lp + column.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from trace_jax.models import Paged
 from trace_jax.objectives import TokenWeights
 from trace_jax.rollout.tree import Tree
 
@@ -29,7 +32,7 @@ class Packed:
     tokens: jax.Array  # [R, Lp] int32 canonical tokens, 0 at padding
     slot: jax.Array  # [R, Lp] int32 the slot whose copy of the token this is, S at padding
     positions: jax.Array  # [R, Lp] int32 the token's position in its slot (RoPE), 0 at padding
-    attend: jax.Array  # [R, Lp, Lp] bool query may see key: its slot's canonical copy of an earlier position
+    paged: Paged  # keys [R, Lp/Bk, L]: column of the block's slot's position p; attend [R, Lp/Bk, Bk, L]: p <= own
     prev: jax.Array  # [R, Lp] int32 flat location of the hidden state that predicts the token (its slot's p - 1)
     logp_old: jax.Array  # [R, Lp] float32 sampling log-probability of the canonical copy
     weights: TokenWeights  # [R, Lp] the policy-loss terms of every slot that holds the token
@@ -70,56 +73,59 @@ def _next_fit(sizes: jax.Array, rows: int, row_len: int) -> tuple[jax.Array, jax
     return row, column, jnp.any(sizes > row_len) | (last >= rows)
 
 
-def _groups(tree: Tree, fork: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(count [S] canonical tokens of each slot, group [S] its dense prompt id (unused slots: 0, no tokens),
-    sizes [S] canonical tokens of each prompt's tree, by group; zeros after the last)."""
+def _groups(tree: Tree, fork: jax.Array, block: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(span [S] positions each slot's canonical tokens take, rounded up to whole blocks, group [S] its dense
+    prompt id (unused slots: 0, no tokens), sizes [S] positions each prompt's tree takes, by group; zeros after
+    the last)."""
     count = jnp.where(tree.used, jnp.maximum(tree.length - fork, 0), 0)
+    span = -(-count // block) * block
     group = jnp.searchsorted(jnp.sort(tree.prompt), tree.prompt)
-    return count, group, jax.ops.segment_sum(count, group, tree.num_slots)
+    return span, group, jax.ops.segment_sum(span, group, tree.num_slots)
 
 
-def prompt_sizes(tree: Tree) -> jax.Array:
-    """[S] canonical tokens of each prompt's tree (dense prompt ids; zeros after the last): what a row must hold."""
-    return _groups(tree, canonical_sources(tree)[1])[2]
+def prompt_sizes(tree: Tree, block: int) -> jax.Array:
+    """[S] positions each prompt's tree takes in blocks of `block` (dense prompt ids; zeros after the last): what
+    a row must hold."""
+    return _groups(tree, canonical_sources(tree)[1], block)[2]
 
 
-def rows_needed(sizes: jax.Array, row_len: int) -> jax.Array:
-    """[] int32 rows the packing's next-fit lays prompts of `sizes` [G] into, each whole, however many it takes."""
-    return jnp.max(_next_fit(sizes, sizes.shape[0], row_len)[0]) + 1
-
-
-def _canonical_locations(tree: Tree, fork: jax.Array, rows: int, row_len: int) -> tuple[jax.Array, jax.Array]:
+def _canonical_locations(tree: Tree, fork: jax.Array, rows: int, row_len: int, block: int
+                         ) -> tuple[jax.Array, jax.Array]:
     """(flat [S, L] int32 packed location of each canonical token, R * Lp elsewhere, overflow []): a prompt's
-    slots' canonical tokens in slot order, prompts (by pool index) next-fit into the rows."""
+    slots' canonical tokens in slot order, each slot's from a block's start, prompts (by pool index) next-fit
+    into the rows."""
     s, max_len = tree.num_slots, tree.max_len
     slot, pos = jnp.arange(s), jnp.arange(max_len)[None, :]
-    count, group, sizes = _groups(tree, fork)
+    span, group, sizes = _groups(tree, fork, block)
     row, column, overflow = _next_fit(sizes, rows, row_len)
     earlier = (group[None, :] == group[:, None]) & (slot[None, :] < slot[:, None])  # [S, S] before s in its row
-    first_col = column[group] + jnp.sum(jnp.where(earlier, count[None, :], 0), axis=1)  # [S] of the slot's tokens
+    first_col = column[group] + jnp.sum(jnp.where(earlier, span[None, :], 0), axis=1)  # [S] of the slot's tokens
     col = (first_col - fork)[:, None] + pos  # [S, L]
     canonical = tree.used[:, None] & (pos >= fork[:, None]) & (pos < tree.length[:, None]) & (col < row_len)
     fits = canonical & (row[group] < rows)[:, None]
     return jnp.where(fits, row[group][:, None] * row_len + col, rows * row_len), overflow
 
 
-def tree_mask(src: jax.Array, slot: jax.Array, pos: jax.Array, real: jax.Array) -> jax.Array:
-    """[R, Lp, Lp] bool: query i sees key j of its row iff j is the canonical copy of an earlier (or the same)
-    position of i's slot: p_j <= p_i and src[s_i, p_j] == s_j. slot, pos, real [R, Lp]: each packed token's slot,
-    position and whether it is a token; padding sees itself only, so its softmax stays finite."""
-    s_i = jnp.where(real, slot, 0)[:, :, None]
-    same_path = src[s_i, pos[:, None, :]] == slot[:, None, :]  # [R, Lp, Lp]
-    sees = real[:, :, None] & real[:, None, :] & (pos[:, None, :] <= pos[:, :, None]) & same_path
-    return sees | jnp.eye(pos.shape[1], dtype=bool)[None]
+def paged_keys(loc: jax.Array, slot: jax.Array, pos: jax.Array, block: int) -> Paged:
+    """Each block's keys: its slot's positions 0..L-1 at their canonical copies' columns, seen up to the query's
+    own position. loc [S, L] flat location of (s, p)'s canonical copy (R * Lp past a slot's length); slot, pos
+    [R, Lp]: each packed position's slot (S at padding) and position. A padding query (position 0) sees the
+    first key only, so its softmax stays finite."""
+    rows, row_len = slot.shape
+    s, max_len = loc.shape
+    owner = slot[:, ::block]  # [R, Lp/Bk] a block's first position holds its slot's first token, or is padding
+    cols = jnp.where(owner[..., None] < s, loc[jnp.minimum(owner, s - 1)] % row_len, 0)  # [R, Lp/Bk, L]
+    query = pos.reshape(rows, row_len // block, block)
+    return Paged(keys=cols, attend=jnp.arange(max_len) <= query[..., None])
 
 
-def pack(tree: Tree, adv: jax.Array, rows: int, row_len: int) -> Packed:
+def pack(tree: Tree, adv: jax.Array, rows: int, row_len: int, block: int) -> Packed:
     """The packed update batch of a finished tree with advantages adv [S] in R = rows rows of Lp = row_len
-    positions (static)."""
+    positions, in blocks of Bk = block positions (static; Lp a multiple of Bk)."""
     s, max_len = tree.num_slots, tree.max_len
     size = rows * row_len
     src, fork = canonical_sources(tree)
-    flat, overflow = _canonical_locations(tree, fork, rows, row_len)
+    flat, overflow = _canonical_locations(tree, fork, rows, row_len, block)
     pos = jnp.broadcast_to(jnp.arange(max_len)[None, :], (s, max_len))
     real = tree.used[:, None] & (pos < tree.length[:, None])  # [S, L]
     loc = jnp.where(real, flat[src, pos], size)  # [S, L] packed location of every real token's canonical copy
@@ -140,6 +146,6 @@ def pack(tree: Tree, adv: jax.Array, rows: int, row_len: int) -> Packed:
     prev = jnp.where(pos >= 1, jnp.roll(loc, 1, axis=1), 0)  # (s, p - 1)'s canonical copy
     reads = jnp.take_along_axis(loc, tree.read_positions(), axis=1)  # [S, T+1]
     return Packed(tokens=scatter(0, tree.tokens), slot=slot, positions=packed_pos,
-                  attend=tree_mask(src, slot, packed_pos, slot < s), prev=scatter(0, prev),
+                  paged=paged_keys(loc, slot, packed_pos, block), prev=scatter(0, prev),
                   logp_old=scatter(0.0, tree.logprobs), weights=weights, reads=jnp.where(reads < size, reads, 0),
                   overflow=overflow)

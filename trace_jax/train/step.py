@@ -71,6 +71,7 @@ class StepSpec:
     remat: bool = False  # the loss forward through `Policy.remat_layers`: the same values, far less saved
     pack_rows: int = 0  # R: the loss feeds each distinct token of the tree once, in R rows (`train.packing`); 0: off
     pack_len: int = 0  # Lp: positions per packed row (a prompt's whole tree must fit one)
+    pack_block: int = 16  # Bk: positions per block of a packed row (each slot's tokens start one; Lp a multiple)
     refill_slots: int = 0  # S_live: the rollout runs on this many rows, refilled between turns (`rollout.refill`)
 
     def __post_init__(self) -> None:
@@ -79,6 +80,9 @@ class StepSpec:
         if min(self.pack_rows, self.pack_len) < 0 or (self.pack_rows > 0) != (self.pack_len > 0):
             raise ValueError(f"pack_rows={self.pack_rows} and pack_len={self.pack_len}: both > 0 packs the update, "
                              "both 0 does not")
+        if self.pack_block < 1 or self.pack_len % self.pack_block:
+            raise ValueError(f"pack_len={self.pack_len} must be a multiple of pack_block={self.pack_block} (>= 1): "
+                             "rows are laid in whole blocks")
 
 
 HEAD_PARAMS = ("success_kernel", "success_bias")
@@ -182,8 +186,8 @@ def packed_batch(spec: StepSpec, packed: Packed) -> UpdateBatch:
     """Each distinct token once (`train.packing`), scored from the hidden state of its slot's previous position's
     canonical copy: [R, Lp] scored tokens."""
     def forward(policy: Policy) -> tuple[jax.Array, jax.Array]:
-        tokens, positions, attend = constrain_rows((packed.tokens, packed.positions, packed.attend), spec.mesh)
-        out = policy(tokens, positions=positions, attend=attend, remat=spec.remat)
+        tokens, positions, paged = constrain_rows((packed.tokens, packed.positions, packed.paged), spec.mesh)
+        out = policy(tokens, positions=positions, paged=paged, remat=spec.remat)
         hidden = out.hidden.reshape(-1, out.hidden.shape[-1])  # [R * Lp, D]
         logits = constrain_vocab(policy.logits_from_hidden(hidden[packed.prev]), spec.mesh)  # [R, Lp, V]
         return logits, hidden[packed.reads]
@@ -233,7 +237,7 @@ def tree_grads(graphdef: nnx.GraphDef, spec: StepSpec, params: nnx.State, ref_pa
                                  policy_share=policy_share, predictor_share=predictor_share)
     if not spec.pack_rows:
         return grads_of(unpacked_batch(spec, tree, adv))
-    packed = pack(tree, adv, spec.pack_rows, spec.pack_len)
+    packed = pack(tree, adv, spec.pack_rows, spec.pack_len, spec.pack_block)
     loss, aux, grads = jax.lax.cond(packed.overflow, lambda: grads_of(unpacked_batch(spec, tree, adv)),
                                     lambda: grads_of(packed_batch(spec, packed)))
     positions = jnp.where(packed.overflow, tree.tokens.size, packed.num_positions)
