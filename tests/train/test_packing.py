@@ -214,6 +214,7 @@ def test_packed_update_equals_unpacked(state, compiled, seed, roots, prompts, fo
     overflow = not fits(tree)
     assert bool(packed[1]["pack_overflow"]) == overflow  # then the unpacked computation ran: the same values
     assert int(packed[1]["update_positions"]) == (tree.tokens.size if overflow else ROWS * ROW_LEN)
+    assert int(packed[1]["pack_needed"]) == tree_sizes(tree, BLOCK).sum()
     assert_same_update(packed, unpacked)
 
 
@@ -241,7 +242,7 @@ def test_packing_against_brute_force(seed, roots, prompts, forks, block):
     np.testing.assert_array_equal(sizes[sizes > 0], tree_sizes(tree, block))  # what the bench sizes its row by
     packed = jax.tree.map(np.asarray, jax.jit(pack, static_argnums=(2, 3, 4))(tree, jnp.asarray(adv), ROWS, ROW_LEN,
                                                                                block))
-    assert bool(packed.overflow) == (not fits(tree, block))
+    assert bool(packed.overflow) == (not fits(tree, block)) and int(packed.needed) == tree_sizes(tree, block).sum()
     if packed.overflow:
         return
     token = packed.slot < s  # [R, Lp]
@@ -365,10 +366,12 @@ def test_packing_options(state):
 def test_a_step_that_ran_unpacked_is_reported(tmp_path, capsys):
     """The run says when a step's tree overflowed the packing (and how to size it), and only then."""
     row = {"pool_v_values": np.full(4, 0.5), "roots_per_prompt": np.zeros(3), "continuations_per_anchor": np.zeros(3),
-           "loss": np.float32(0.1), "skipped": np.bool_(False), "update_positions": np.int32(288)}
+           "loss": np.float32(0.1), "skipped": np.bool_(False), "update_positions": np.int32(288),
+           "pack_needed": np.int32(300)}
     with MetricsLogger(tmp_path) as log:
         record_step(log, 1, dict(row, pack_overflow=np.bool_(False)))
         assert "did not fit the packing" not in capsys.readouterr().out
         last = record_step(log, 2, dict(row, pack_overflow=np.bool_(True)))
     assert last["pack_overflow"] == 1.0
-    assert "step 2: a prompt's tree did not fit the packing" in capsys.readouterr().out  # tqdm.write: stdout
+    out = capsys.readouterr().out  # tqdm.write: stdout
+    assert "step 2: a prompt's tree did not fit the packing" in out and "its trees take 300 positions" in out

@@ -70,7 +70,7 @@ class ChunkedStep:
             grads = part_grads if grads is None else self._add(grads, part_grads)
             loss = loss + part
             for k, v in part_aux.items():
-                if k in ("ratio_max_dev", "pack_overflow"):  # over all chunks: the largest, any
+                if k in ("ratio_max_dev", "pack_overflow", "pack_needed"):  # over all chunks: the largest, any
                     aux[k] = jnp.maximum(aux.get(k, v), v)
                 elif k == "update_positions":  # every chunk's forward feeds its own
                     aux[k] = aux.get(k, 0) + v

@@ -231,7 +231,8 @@ def record_step(log: MetricsLogger, step: int, metrics: dict[str, jax.Array]) ->
         tqdm.write(f"train: step {step}: non-finite loss or gradient ({last['loss']}); update skipped")
     if last.get("pack_overflow"):
         tqdm.write(f"train: step {step}: a prompt's tree did not fit the packing (pack_rows x pack_len); this update "
-                   "ran unpacked (same values, no saving): raise pack_len (the largest prompt tree) or pack_rows")
+                   f"ran unpacked (same values, no saving): its trees take {last['pack_needed']:.0f} positions in "
+                   "blocks of pack_block; raise pack_len (each row holds whole prompt trees) or pack_rows")
     return last
 
 

@@ -38,6 +38,7 @@ class Packed:
     weights: TokenWeights  # [R, Lp] the policy-loss terms of every slot that holds the token
     reads: jax.Array  # [S, T+1] int32 flat location of each node's read position (`Tree.read_positions`)
     overflow: jax.Array  # [] bool some prompt did not fit (longer than Lp, or rows ran out): the packing is void
+    needed: jax.Array  # [] int32 positions the tree takes in whole blocks, all rows together (the least R * Lp)
 
     @property
     def num_positions(self) -> int:
@@ -90,8 +91,9 @@ def prompt_sizes(tree: Tree, block: int) -> jax.Array:
 
 
 def _canonical_locations(tree: Tree, fork: jax.Array, rows: int, row_len: int, block: int
-                         ) -> tuple[jax.Array, jax.Array]:
-    """(flat [S, L] int32 packed location of each canonical token, R * Lp elsewhere, overflow []): a prompt's
+                         ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(flat [S, L] int32 packed location of each canonical token, R * Lp elsewhere, overflow [], needed [] the
+    positions of every prompt's tree together): a prompt's
     slots' canonical tokens in slot order, each slot's from a block's start, prompts (by pool index) next-fit
     into the rows."""
     s, max_len = tree.num_slots, tree.max_len
@@ -103,7 +105,7 @@ def _canonical_locations(tree: Tree, fork: jax.Array, rows: int, row_len: int, b
     col = (first_col - fork)[:, None] + pos  # [S, L]
     canonical = tree.used[:, None] & (pos >= fork[:, None]) & (pos < tree.length[:, None]) & (col < row_len)
     fits = canonical & (row[group] < rows)[:, None]
-    return jnp.where(fits, row[group][:, None] * row_len + col, rows * row_len), overflow
+    return jnp.where(fits, row[group][:, None] * row_len + col, rows * row_len), overflow, jnp.sum(sizes)
 
 
 def paged_keys(loc: jax.Array, slot: jax.Array, pos: jax.Array, block: int) -> Paged:
@@ -125,7 +127,7 @@ def pack(tree: Tree, adv: jax.Array, rows: int, row_len: int, block: int) -> Pac
     s, max_len = tree.num_slots, tree.max_len
     size = rows * row_len
     src, fork = canonical_sources(tree)
-    flat, overflow = _canonical_locations(tree, fork, rows, row_len, block)
+    flat, overflow, needed = _canonical_locations(tree, fork, rows, row_len, block)
     pos = jnp.broadcast_to(jnp.arange(max_len)[None, :], (s, max_len))
     real = tree.used[:, None] & (pos < tree.length[:, None])  # [S, L]
     loc = jnp.where(real, flat[src, pos], size)  # [S, L] packed location of every real token's canonical copy
@@ -148,4 +150,4 @@ def pack(tree: Tree, adv: jax.Array, rows: int, row_len: int, block: int) -> Pac
     return Packed(tokens=scatter(0, tree.tokens), slot=slot, positions=packed_pos,
                   paged=paged_keys(loc, slot, packed_pos, block), prev=scatter(0, prev),
                   logp_old=scatter(0.0, tree.logprobs), weights=weights, reads=jnp.where(reads < size, reads, 0),
-                  overflow=overflow)
+                  overflow=overflow, needed=needed)

@@ -228,8 +228,9 @@ def tree_grads(graphdef: nnx.GraphDef, spec: StepSpec, params: nnx.State, ref_pa
     predictor_share: a chunk of whole prompts passes its share of the step's policy tokens and predictor
     weight, so the chunks' losses and gradients add up to the whole step's. aux holds the unscaled means.
     With spec.pack_rows the forward and backward run packed (`train.packing`), to the same values; a tree that
-    does not fit the packing runs unpacked instead, in the same program. aux then also holds pack_overflow and
-    update_positions, the rows x positions fed (R * Lp packed, S * L unpacked).
+    does not fit the packing runs unpacked instead, in the same program. aux then also holds pack_overflow,
+    update_positions, the rows x positions fed (R * Lp packed, S * L unpacked), and pack_needed, the positions
+    the tree takes packed (what R * Lp must at least hold).
     """
     targets, weight = node_targets(tree)
     adv = advantages(tree)
@@ -241,7 +242,7 @@ def tree_grads(graphdef: nnx.GraphDef, spec: StepSpec, params: nnx.State, ref_pa
     loss, aux, grads = jax.lax.cond(packed.overflow, lambda: grads_of(unpacked_batch(spec, tree, adv)),
                                     lambda: grads_of(packed_batch(spec, packed)))
     positions = jnp.where(packed.overflow, tree.tokens.size, packed.num_positions)
-    return loss, dict(aux, pack_overflow=packed.overflow, update_positions=positions), grads
+    return loss, dict(aux, pack_overflow=packed.overflow, update_positions=positions, pack_needed=packed.needed), grads
 
 
 def tree_metrics(spec: StepSpec, tree: Tree, pool: Pool, pool_v: jax.Array, stats: dict[str, jax.Array]
