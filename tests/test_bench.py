@@ -88,9 +88,7 @@ def test_chain_progress_counts_chain_documents_in_order():
 
     world = build_world(HopWorldConfig(seed=3, num_entities=64, num_questions=200))
     q = int(np.flatnonzero(world.hops == 3)[0])
-    chain = [int(world.question_starts[q])]
-    for r in world.question_paths[q][:3]:
-        chain.append(int(world.relations[chain[-1], r]))
+    chain = world.chain(q)  # checked against the relations in tests/envs/test_hopworld_world.py
     other = next(e for e in range(world.num_entities) if e not in chain)
     slots = [_slot(world, q, chain[:3]),  # the expert's path: 1, 2, 3 entities reached
              _slot(world, q, [chain[1], other, chain[0], chain[2]]),  # out of order: nothing until the start is read

@@ -49,10 +49,12 @@ def test_questions_follow_relations(world):
     for q in range(world.num_questions):
         entity = int(world.question_starts[q])
         path = world.question_paths[q, : world.hops[q]].tolist()
+        walked = [entity]
         for r in path:
             assert world.entity_types[entity] == RELATIONS[r].source
             entity = int(world.relations[entity, r])
-        assert entity == world.answers[q]
+            walked.append(entity)
+        assert entity == world.answers[q] and world.chain(q) == walked
         assert (world.question_paths[q, world.hops[q]:] == -1).all()
         assert world.entity_name(int(world.question_starts[q])) in world.question_text(q)
 

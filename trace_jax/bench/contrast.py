@@ -53,11 +53,7 @@ def chain_progress(tree: Tree, world: World) -> np.ndarray:
     s, turns = tree.boundaries.shape
     out = np.full((s, turns), -1, np.int32)
     for i in range(s):
-        q = int(tree.question[i])
-        chain, e = [int(world.question_starts[q])], int(world.question_starts[q])
-        for r in world.question_paths[q][: world.hops[q]]:
-            e = int(world.relations[e, r])
-            chain.append(e)
+        chain = world.chain(int(tree.question[i]))
         seen, start = set(), int(tree.prompt_len[i])
         for t in range(int(tree.num_turns[i])):
             end = int(tree.boundaries[i, t])

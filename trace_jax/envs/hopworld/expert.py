@@ -66,9 +66,9 @@ def expert_episode(
         return obs, reward
 
     hops = int(world.hops[question_id])
-    entity = int(world.question_starts[question_id])
+    chain = world.chain(question_id)
     for k, relation in enumerate(world.question_paths[question_id, :hops].tolist()):
-        name = world.name_ids(entity)
+        name = world.name_ids(chain[k])
         thought = f"find the {RELATIONS[relation].noun} of {vocab.decode(name)}"
         spare_turns = cfg.max_turns - len(turns) - (hops - k) - 1
         if spare_turns > 0 and len(name) > 1 and rng.random() < mistake_prob:
@@ -79,8 +79,8 @@ def expert_episode(
                 act(_turn(retry, "search", name))
         else:
             act(_turn(thought, "search", name))
-        entity = int(world.relations[entity, relation])
 
+    entity = chain[-1]
     if rng.random() < wrong_answer_prob:
         entity = _confusable(world, entity, rng)
     name = world.name_ids(entity)

@@ -83,6 +83,13 @@ class World:
     def question_ids(self, question: int) -> list[int]:
         return self.questions[question, : self.question_lens[question]].tolist()
 
+    def chain(self, question: int) -> list[int]:
+        """The entities a question walks: its start, then each hop's target (the last is the answer)."""
+        entities = [int(self.question_starts[question])]
+        for relation in self.question_paths[question, : self.hops[question]].tolist():
+            entities.append(int(self.relations[entities[-1], relation]))
+        return entities
+
     def entity_name(self, entity: int) -> str:
         return vocab.decode(self.name_ids(entity))
 
