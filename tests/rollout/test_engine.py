@@ -121,3 +121,36 @@ def test_first_argmax_is_argmax_with_ties_across_blocks():
     z[3, [5, 260]] = np.nan  # NaN counts as the maximum, the first one
     np.testing.assert_array_equal(_first_argmax(jnp.asarray(z)), jnp.argmax(jnp.asarray(z), axis=-1))
     np.testing.assert_array_equal(_first_argmax(jnp.asarray(z)), [7, 130, 0, 5])
+
+
+def test_the_head_runs_at_one_position_per_row():
+    """The prompts' prefill and an observation chunk need next-token logits at each row's last real token only:
+    XLA's FLOP count of either compiled call stays below the output head over every position it feeds (a vocabulary
+    of 4096 over a width of 16, so the head dominates and a head at every position would show)."""
+    from flax import nnx
+
+    from trace_jax.models import ModelConfig
+    from trace_jax.rollout import expand as ex
+    from trace_jax.rollout.engine import append_observation
+
+    env = tiny_env()
+    cfg = ModelConfig(vocab_size=4096, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
+                      num_kv_heads=1, head_dim=8)
+    graphdef, params = nnx.split(init_policy(cfg, seed=0))
+    pool = question_pool(env, np.arange(4))
+    rows, width = pool.tokens.shape
+
+    def flops(fn, *args) -> float:
+        cost = jax.jit(lambda p, *a: fn(nnx.merge(graphdef, p), *a)).lower(params, *args).compile().cost_analysis()
+        return (cost[0] if isinstance(cost, list) else cost)["flops"]
+
+    def head(positions: int) -> int:
+        return 2 * positions * cfg.hidden_size * cfg.vocab_size
+
+    assert flops(ex.prefill_pool, pool) < head(rows * width) / 2
+    ro = ex.start_roots(nnx.merge(graphdef, params), env, pool, ex.prefill_pool(nnx.merge(graphdef, params), pool),
+                        jnp.arange(rows, dtype=jnp.int32), jax.random.split(jax.random.key(0), rows),
+                        pad_id=protocol.PAD)
+    obs = jnp.ones((rows, env.obs_len), jnp.int32)
+    lens, zeros = jnp.full((rows,), env.obs_len, jnp.int32), jnp.zeros((rows,), bool)
+    assert flops(append_observation, ro, obs, lens, zeros.astype(jnp.float32), zeros) < head(rows * env.obs_len) / 2

@@ -155,9 +155,10 @@ def kv_bytes(model: ModelConfig, rows: int, positions: int, size: Sizer) -> floa
 def forward_temps(model: ModelConfig, rows: int, fed: int, keys: int, size: Sizer) -> float:
     """Per-chip bytes of one cached forward's temporaries (`models.qwen3.Policy.__call__` with a cache, no
     gradient): inside a layer, the attention scores and probabilities [rows, heads, fed, keys] (float32 x 2, the
-    mask; the cache's keys and values are read in place); they die before the head's float32 logits [rows, fed, V]
-    are made, so the larger of the two."""
-    logits = size((rows, fed, model.vocab_size), ("batch", "seq", "vocab"), 4)
+    mask; the cache's keys and values are read in place); they die before the head's float32 logits, which the
+    engine makes at one position per row [rows, V] (`rollout.engine`, `models.decode.prefill`), so the larger of
+    the two."""
+    logits = size((rows, model.vocab_size), ("batch", "vocab"), 4)
     attn = size((rows, model.num_heads, fed, keys), ("batch", "q_heads", "seq", "cache_seq"), 4 + 4 + 1)
     return max(logits, attn)
 

@@ -33,7 +33,9 @@ def prefill(model: Policy, input_ids: jax.Array, lengths: jax.Array, max_len: in
     cache = KVCache.init(model.cfg, input_ids.shape[0], max_len)
     out = model(input_ids, cache=cache, num_valid=lengths)
     last = jnp.maximum(lengths - 1, 0)
-    return Prefill(cache=out.cache, logits=at_rows(out.logits, last), success=at_rows(out.success, last))
+    # the head on each row's last hidden state only: the unused [rows, positions, vocab] logits are dead code
+    logits = model.logits_from_hidden(at_rows(out.hidden, last))
+    return Prefill(cache=out.cache, logits=logits, success=at_rows(out.success, last))
 
 
 def decode_step(model: Policy, tokens: jax.Array, cache: KVCache) -> ModelOutput:

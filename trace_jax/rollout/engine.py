@@ -163,9 +163,10 @@ def append_observation(model: Policy, ro: Rollout, obs: jax.Array, obs_len: jax.
     out, fed = forward(model, ro, obs, obs_len)
     last = jnp.maximum(obs_len - 1, 0)
     has_obs = obs_len > 0
-    logits = jnp.where(has_obs[:, None], at_rows(out.logits, last), ro.logits)
-    reading = at_rows(out.success, last)
     hidden = at_rows(out.hidden, last)  # [S, D]
+    # the head at each slot's last observation token only (the chunk's other logits are dead code)
+    logits = jnp.where(has_obs[:, None], model.logits_from_hidden(hidden), ro.logits)
+    reading = at_rows(out.success, last)
     turn = jnp.where(live, tree.num_turns, tree.max_turns)  # out of range -> dropped
     rows = jnp.arange(tree.num_slots)
     length = tree.length + obs_len
