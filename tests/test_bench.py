@@ -26,8 +26,8 @@ def test_fork_benchmark_counts_and_utilisation():
     assert 0 < r["useful_fork"] < r["useful_reprefill"] and r["useful_fork"] <= r["processed_fork"]
     assert 0 < r["processed_fork"] < r["processed_reprefill"]
     assert 0 < r["utilisation_roots"] <= 1 and 0 < r["utilisation_continuations"] <= 1
-    tokens_per_s, _ = sampler_tokens_per_s(init_policy(TINY_POLICY, 0), batch=4, prompt_len=5, steps=6, repeats=2)
-    assert tokens_per_s.shape == (2,) and (tokens_per_s > 0).all()
+    whole, decode, _ = sampler_tokens_per_s(init_policy(TINY_POLICY, 0), batch=4, prompt_len=5, steps=6, repeats=2)
+    assert whole.shape == decode.shape == (2,) and (whole > 0).all() and (decode > whole).all()
 
 
 def test_solver_benchmark_prints_rows(capsys):

@@ -60,21 +60,32 @@ def spread(times: np.ndarray) -> str:
 
 
 def sampler_tokens_per_s(model: Policy, batch: int, prompt_len: int, steps: int, repeats: int = 5, seed: int = 0
-                         ) -> tuple[np.ndarray, float]:
-    """(generated tokens/s of our jitted sampler per timed run [repeats], compile seconds) for `batch` rows."""
+                         ) -> tuple[np.ndarray, np.ndarray, float]:
+    """Our jitted sampler on `batch` rows: (generated tokens/s per timed run [repeats], the prompts' prefill
+    included; the same tokens over the decode loop's time alone [repeats]; compile seconds). Each run times the
+    prefill (into the root slots) and the decode loop as two calls, back to back."""
     spec = TurnSpec(action_len=steps, obs_len=1, max_turns=1, stop_ids=())  # exactly `steps` tokens
     rng = np.random.default_rng(seed)
     pool = ex.Pool(tokens=jnp.asarray(rng.integers(0, model.cfg.vocab_size, (batch, prompt_len)), jnp.int32),
                    lengths=jnp.full((batch,), prompt_len, jnp.int32), question=jnp.zeros((batch,), jnp.int32))
 
-    def run(m, pool, key):
-        ro = ex.start_roots(m, _NullEnv(spec), pool, ex.prefill_pool(m, pool), jnp.arange(batch, dtype=jnp.int32),
-                            jax.random.split(key, batch), pad_id=0)
+    def start(m, pool, key):
+        return ex.start_roots(m, _NullEnv(spec), pool, ex.prefill_pool(m, pool), jnp.arange(batch, dtype=jnp.int32),
+                              jax.random.split(key, batch), pad_id=0)
+
+    def decode(m, ro):
         return generate_turn(m, ro, spec=spec, sampling=SamplingConfig())[0].tree.length
 
-    run = jit_with_model(run)
-    times, compile_s, _ = _repeat(lambda: run(model, pool, jax.random.key(1)), repeats)
-    return batch * steps / times, compile_s
+    start, decode = jit_with_model(start), jit_with_model(decode)
+    key = jax.random.key(1)
+    t_start, roots = _timed(start, model, pool, key)
+    compile_s = t_start + _timed(decode, model, roots)[0]
+    prefill_s, decode_s = np.zeros(repeats), np.zeros(repeats)
+    for i in range(repeats):
+        prefill_s[i], roots = _timed(start, model, pool, key)
+        decode_s[i], _ = _timed(decode, model, roots)
+    whole = prefill_s + decode_s
+    return batch * steps / whole, batch * steps / decode_s, max(compile_s - float(np.median(whole)), 0.0)
 
 
 def decode_flops_per_token(cfg: ModelConfig, context: int) -> int:
@@ -269,20 +280,22 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
           f"{repeats} timed runs per side after a warm-up, median [min-max]")
     print(f"threads: ours XLA CPU on {os.cpu_count()} cores, transformers torch.get_num_threads()="
           f"{torch.get_num_threads()}")
-    print("  GFLOP/s: ours at the useful FLOPs of a token (projections, output head, attention over the tokens before "
-          "it); dot: a jitted jnp.dot [batch, hidden] x [hidden, MLP width], this machine's matmul limit at these "
-          "shapes, measured in this run")
+    print("  ours: the prompts' prefill and the decode loop, as transformers' generate; decode: the loop alone (each "
+          "run times the two apart). GFLOP/s: the decode loop at the useful FLOPs of a token (projections, output "
+          "head, attention over the tokens before it); dot: a jitted jnp.dot [batch, hidden] x [hidden, MLP width], "
+          "this machine's matmul limit at a decode step's shapes, measured in this run")
     print(f"{'model':>10} {'params':>8} {'batch':>6} {'ours tok/s':>22} {'HF tok/s':>22} {'ratio':>6} "
-          f"{'compile s':>10} {'GFLOP/s':>8} {'dot':>7} {'of dot':>7}")
+          f"{'compile s':>10} {'decode tok/s':>22} {'GFLOP/s':>8} {'dot':>7} {'of dot':>7}")
     for name, model, b in sizes:
         params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-        ours, compile_s = sampler_tokens_per_s(model, b, prompt_len, steps, repeats)
+        ours, decode, compile_s = sampler_tokens_per_s(model, b, prompt_len, steps, repeats)
         theirs = transformers_tokens_per_s(model, b, prompt_len, steps, repeats)
         ratio = np.median(ours) / np.median(theirs)
-        flops = np.median(ours) * decode_flops_per_token(model.cfg, prompt_len + steps // 2)
+        flops = np.median(decode) * decode_flops_per_token(model.cfg, prompt_len + steps // 2)
         limit = np.median(dot_flops_per_s(b, model.cfg, repeats))
         print(f"{name:>10} {params / 1e6:7.1f}M {b:>6} {_rate(ours):>22} {_rate(theirs):>22} {ratio:6.2f} "
-              f"{compile_s:10.1f} {flops / 1e9:8.2f} {limit / 1e9:7.2f} {100 * flops / limit:6.1f}%")
+              f"{compile_s:10.1f} {_rate(decode):>22} {flops / 1e9:8.2f} {limit / 1e9:7.2f} "
+              f"{100 * flops / limit:6.1f}%")
 
     wcfg = HopWorldConfig(max_hops=2, max_turns=3, num_questions=512)
     env = HopWorldEnv(build_world(wcfg), wcfg)
