@@ -262,8 +262,9 @@ class TrainConfig:
     head_learning_rate: float = 1e-3  # the success head's own optimizer group (the policy uses learning_rate)
     predictor_backbone_grad: bool = False  # let the predictor loss train the shared backbone too
     remat: bool = False  # the loss keeps each layer's input only and recomputes layers in the backward (less memory)
-    pack_rows: int = 0  # R > 0: the update feeds each distinct token of the tree once, packed in R rows (0: off)
-    pack_len: int = 0  # positions per packed row; a prompt's whole tree must fit one, else that step runs unpacked
+    pack_rows: int = -1  # R > 0: the update feeds each distinct token of the tree once, packed in R rows;
+    # 0: off; -1 (auto): one row per data-parallel device on CPU, else 0
+    pack_len: int = 0  # positions per packed row (0: R rows hold half of S x L); a tree too big runs unpacked
     pack_block: int = 16  # positions per block of a packed row: each slot's tokens start one (pack_len a multiple)
     warmup: WarmupConfig = WarmupConfig()  # the predictor warm-up before RL
     eval_every: int = 20  # steps between test-split evaluations (also at start and end)
@@ -313,9 +314,10 @@ class TrainConfig:
             raise ValueError("train.temperature must be > 0 and train.top_p in (0, 1]")
         if self.learning_rate <= 0 or self.clip_eps <= 0 or self.head_learning_rate <= 0:
             raise ValueError("train.learning_rate, train.head_learning_rate and train.clip_eps must be positive")
-        if self.pack_rows < 0 or self.pack_len < 0 or (self.pack_rows > 0) != (self.pack_len > 0):
-            raise ValueError(f"train.pack_rows={self.pack_rows} and train.pack_len={self.pack_len}: set both > 0 to "
-                             "pack the update (e.g. 8 and 1024 for the default HopWorld run), or both 0")
+        if self.pack_rows < -1 or self.pack_len < 0 or (self.pack_len > 0 and not self.pack_rows):
+            raise ValueError(f"train.pack_rows={self.pack_rows} and train.pack_len={self.pack_len}: pack_rows > 0 "
+                             "packs the update in that many rows (-1: auto, 0: off), pack_len > 0 sets their "
+                             "length (0: half the unpacked positions); pack_len needs pack_rows != 0")
         if self.pack_block < 1 or self.pack_len % self.pack_block:
             raise ValueError(f"train.pack_len={self.pack_len} must be a multiple of train.pack_block="
                              f"{self.pack_block} (>= 1): packed rows are laid in whole blocks")

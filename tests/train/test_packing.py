@@ -34,7 +34,7 @@ from trace_jax.rollout.expand import expand_tree
 from trace_jax.rollout.tree import Tree
 from trace_jax.sharding import init_policy
 from trace_jax.train.loop import Budget, record_step, step_spec
-from trace_jax.train.packing import canonical_sources, pack, prompt_sizes
+from trace_jax.train.packing import auto_row_len, canonical_sources, pack, prompt_sizes
 from trace_jax.train.step import StepSpec, tree_grads
 
 POLICY = dataclasses.replace(TINY_POLICY, num_layers=2)
@@ -282,7 +282,8 @@ def test_packing_against_brute_force(seed, roots, prompts, forks, block):
 
 def test_a_real_rollout_packs_to_the_same_update(state, compiled):
     """A uniform tree rolled out on a 3-turn HopWorld (2 prompts x 2 roots x 2 continuations): copies are exact
-    (tokens, masks and sampling log-probs), and the packed update is the unpacked one on fewer positions."""
+    (tokens, masks and sampling log-probs), and the packed update is the unpacked one on fewer positions: rows
+    sized by `pack_len: 0` (the default), half the unpacked positions."""
     graphdef, params, ref = state
     world = dataclasses.replace(TINY_WORLD, max_hops=2, max_turns=3, action_len=8)
     env = tiny_env(world)
@@ -302,10 +303,10 @@ def test_a_real_rollout_packs_to_the_same_update(state, compiled):
     unpacked = update(SPEC)
     assert float(unpacked[1]["clip_frac"]) > 0 and float(unpacked[1]["kl_ref"]) > 0
     assert max(float(jnp.abs(g).max()) for g in jax.tree.leaves(unpacked[2])) > 1e-3  # not a vanishing gradient
-    rows, row_len = 2, 256
-    packed = update(dataclasses.replace(SPEC, pack_rows=rows, pack_len=row_len, pack_block=8))
+    packed = update(dataclasses.replace(SPEC, pack_rows=2, pack_len=0, pack_block=8))
     assert not bool(packed[1]["pack_overflow"])
-    assert int(packed[1]["update_positions"]) == rows * row_len < tree.tokens.size
+    assert tree.tokens.shape == (12, 155)  # half of S x L = 930 positions: 465 a row, 59 whole blocks of 8
+    assert int(packed[1]["update_positions"]) == 2 * auto_row_len(12, 155, 2, 8) == 2 * 59 * 8
     assert_same_update(packed, unpacked)
 
 
@@ -323,21 +324,26 @@ def test_a_tree_the_rows_cannot_hold_falls_back(state, compiled):
 
 
 def test_packing_options(state):
-    """Both packing sizes or neither, rows of whole blocks, in the step and in the train config (which passes them
-    on). The policy refuses positions and paged keys with a cache (decoding). Given every position as keys with the
-    causal mask, one block of the row or blocks of 2, its forward is the default one; a branching mask changes it,
-    and through `remat_layers` it sees the same keys."""
-    with pytest.raises(ValueError, match="pack_rows=2 and pack_len=0"):
-        dataclasses.replace(SPEC, pack_rows=2)
+    """Rows, then their length, rows of whole blocks, in the step and in the train config (which passes them on;
+    its default, pack_rows -1, packs in one row per data-parallel device on a CPU, in rows of half the unpacked
+    positions). The policy refuses positions and paged keys with a cache (decoding). Given every position as keys
+    with the causal mask, one block of the row or blocks of 2, its forward is the default one; a branching mask
+    changes it, and through `remat_layers` it sees the same keys."""
+    with pytest.raises(ValueError, match="pack_rows=0 and pack_len=32"):
+        dataclasses.replace(SPEC, pack_len=32)
     with pytest.raises(ValueError, match="pack_len=60 must be a multiple of pack_block=16"):
         dataclasses.replace(SPEC, pack_rows=2, pack_len=60)
-    with pytest.raises(ValueError, match="train.pack_rows=0 and train.pack_len=512: set both > 0"):
-        load_config(TrainConfig, None, ["pack_len=512"])
+    for bad in (["pack_rows=0", "pack_len=512"], ["pack_rows=-2"]):
+        with pytest.raises(ValueError, match=f"train.pack_rows={bad[0][10:]} and train.pack_len="):
+            load_config(TrainConfig, None, bad)
     with pytest.raises(ValueError, match="train.pack_len=500 must be a multiple of train.pack_block=16"):
         load_config(TrainConfig, None, ["pack_rows=6", "pack_len=500"])
     cfg = load_config(TrainConfig, None, ["pack_rows=6", "pack_len=512", "pack_block=32"])
     spec = step_spec(cfg, Budget(cfg.roots, cfg.continuations, cfg.group_size))
     assert (spec.pack_rows, spec.pack_len, spec.pack_block) == (6, 512, 32)  # what `trace-jax train` runs
+    default = TrainConfig()
+    assert (step_spec(default, Budget(8, 2, 4)).pack_rows, default.pack_len) == (1, 0)  # this CPU, no mesh
+    assert step_spec(dataclasses.replace(default, pack_rows=0), Budget(8, 2, 4)).pack_rows == 0
     graphdef, params, _ = state
     tokens = jnp.arange(6, dtype=jnp.int32)[None] + 3
     every = jnp.arange(6)[None, None]  # [rows, blocks, seen]: one block seeing the whole row

@@ -106,6 +106,14 @@ def refill_rows(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None) -> int:
     return CPU_REFILL_ROWS * shd.data_parallel_size(mesh)
 
 
+def pack_rows(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None) -> int:
+    """R of cfg's packed update (0: unpacked): pack_rows, or for -1 (auto) one row per data-parallel device on a
+    CPU and 0 elsewhere (unmeasured there)."""
+    if cfg.pack_rows >= 0:
+        return cfg.pack_rows
+    return shd.data_parallel_size(mesh) if jax.default_backend() == "cpu" else 0
+
+
 def step_spec(cfg: TrainConfig, budget: Budget, pad_id: int = protocol.PAD,
               mesh: jax.sharding.Mesh | None = None) -> StepSpec:
     """The step of cfg at `budget`; mesh: the slots are split over its data axes."""
@@ -115,7 +123,7 @@ def step_spec(cfg: TrainConfig, budget: Budget, pad_id: int = protocol.PAD,
                     sampling=SamplingConfig(cfg.temperature, cfg.top_p), clip_eps=cfg.clip_eps,
                     kl_coef=cfg.kl_coef, predictor_coef=cfg.predictor_coef, pad_id=pad_id,
                     predictor_backbone_grad=cfg.predictor_backbone_grad, mesh=mesh, remat=cfg.remat,
-                    pack_rows=cfg.pack_rows, pack_len=cfg.pack_len, pack_block=cfg.pack_block,
+                    pack_rows=pack_rows(cfg, mesh), pack_len=cfg.pack_len, pack_block=cfg.pack_block,
                     refill_slots=refill_rows(cfg, mesh))
 
 
@@ -232,7 +240,8 @@ def record_step(log: MetricsLogger, step: int, metrics: dict[str, jax.Array]) ->
     if last.get("pack_overflow"):
         tqdm.write(f"train: step {step}: a prompt's tree did not fit the packing (pack_rows x pack_len); this update "
                    f"ran unpacked (same values, no saving): its trees take {last['pack_needed']:.0f} positions in "
-                   "blocks of pack_block; raise pack_len (each row holds whole prompt trees) or pack_rows")
+                   "blocks of pack_block; raise pack_len (0: half the unpacked positions; each row holds whole prompt "
+                   "trees) or pack_rows")
     return last
 
 

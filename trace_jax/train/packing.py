@@ -121,6 +121,12 @@ def paged_keys(loc: jax.Array, slot: jax.Array, pos: jax.Array, block: int) -> P
     return Paged(keys=cols, attend=jnp.arange(max_len) <= query[..., None])
 
 
+def auto_row_len(slots: int, slot_len: int, rows: int, block: int) -> int:
+    """Lp of `pack_len: 0`: R x Lp the least whole blocks holding half the unpacked S x L positions. (The default
+    HopWorld run's trees took 0.18-0.24 of S x L packed; a tree that needs more runs unpacked.)"""
+    return -(-slots * slot_len // (2 * rows * block)) * block
+
+
 def pack(tree: Tree, adv: jax.Array, rows: int, row_len: int, block: int) -> Packed:
     """The packed update batch of a finished tree with advantages adv [S] in R = rows rows of Lp = row_len
     positions, in blocks of Bk = block positions (static; Lp a multiple of Bk)."""

@@ -41,7 +41,7 @@ from trace_jax.rollout.expand import Pool, expand
 from trace_jax.rollout.sampling import policy_logprobs, token_logprobs
 from trace_jax.rollout.tree import Tree
 from trace_jax.sharding import constrain_rows, constrain_vocab
-from trace_jax.train.packing import Packed, pack
+from trace_jax.train.packing import Packed, auto_row_len, pack
 
 
 @jax.tree_util.register_dataclass
@@ -70,16 +70,16 @@ class StepSpec:
     mesh: Mesh | None = None  # slots (rollout and update rows) split over its data axes; None: not constrained
     remat: bool = False  # the loss forward through `Policy.remat_layers`: the same values, far less saved
     pack_rows: int = 0  # R: the loss feeds each distinct token of the tree once, in R rows (`train.packing`); 0: off
-    pack_len: int = 0  # Lp: positions per packed row (a prompt's whole tree must fit one)
+    pack_len: int = 0  # Lp: positions per packed row (a prompt's whole tree must fit one); 0: `auto_row_len`
     pack_block: int = 16  # Bk: positions per block of a packed row (each slot's tokens start one; Lp a multiple)
     refill_slots: int = 0  # S_live: the rollout runs on this many rows, refilled between turns (`rollout.refill`)
 
     def __post_init__(self) -> None:
         if self.refill_slots < 0:
             raise ValueError(f"refill_slots must be >= 0 (0: synchronous turns), got {self.refill_slots}")
-        if min(self.pack_rows, self.pack_len) < 0 or (self.pack_rows > 0) != (self.pack_len > 0):
-            raise ValueError(f"pack_rows={self.pack_rows} and pack_len={self.pack_len}: both > 0 packs the update, "
-                             "both 0 does not")
+        if min(self.pack_rows, self.pack_len) < 0 or (self.pack_len > 0 and not self.pack_rows):
+            raise ValueError(f"pack_rows={self.pack_rows} and pack_len={self.pack_len}: pack_rows > 0 packs the "
+                             "update (pack_len > 0 or 0 for half the unpacked positions), pack_rows 0 does not")
         if self.pack_block < 1 or self.pack_len % self.pack_block:
             raise ValueError(f"pack_len={self.pack_len} must be a multiple of pack_block={self.pack_block} (>= 1): "
                              "rows are laid in whole blocks")
@@ -238,7 +238,8 @@ def tree_grads(graphdef: nnx.GraphDef, spec: StepSpec, params: nnx.State, ref_pa
                                  policy_share=policy_share, predictor_share=predictor_share)
     if not spec.pack_rows:
         return grads_of(unpacked_batch(spec, tree, adv))
-    packed = pack(tree, adv, spec.pack_rows, spec.pack_len, spec.pack_block)
+    row_len = spec.pack_len or auto_row_len(tree.num_slots, tree.max_len, spec.pack_rows, spec.pack_block)
+    packed = pack(tree, adv, spec.pack_rows, row_len, spec.pack_block)
     loss, aux, grads = jax.lax.cond(packed.overflow, lambda: grads_of(unpacked_batch(spec, tree, adv)),
                                     lambda: grads_of(packed_batch(spec, packed)))
     positions = jnp.where(packed.overflow, tree.tokens.size, packed.num_positions)
