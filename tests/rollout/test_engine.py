@@ -141,6 +141,7 @@ def test_the_head_runs_at_one_position_per_row():
     rows, width = pool.tokens.shape
 
     def flops(fn, *args) -> float:
+        """XLA's FLOPs of fn(policy, *args) compiled for the arguments' shapes."""
         cost = jax.jit(lambda p, *a: fn(nnx.merge(graphdef, p), *a)).lower(params, *args).compile().cost_analysis()
         return (cost[0] if isinstance(cost, list) else cost)["flops"]
 
@@ -148,9 +149,9 @@ def test_the_head_runs_at_one_position_per_row():
         return 2 * positions * cfg.hidden_size * cfg.vocab_size
 
     assert flops(ex.prefill_pool, pool) < head(rows * width) / 2
-    ro = ex.start_roots(nnx.merge(graphdef, params), env, pool, ex.prefill_pool(nnx.merge(graphdef, params), pool),
-                        jnp.arange(rows, dtype=jnp.int32), jax.random.split(jax.random.key(0), rows),
-                        pad_id=protocol.PAD)
+    roots = jax.eval_shape(lambda p: ex.start_roots(
+        nnx.merge(graphdef, p), env, pool, ex.prefill_pool(nnx.merge(graphdef, p), pool),
+        jnp.arange(rows, dtype=jnp.int32), jax.random.split(jax.random.key(0), rows), pad_id=protocol.PAD), params)
     obs = jnp.ones((rows, env.obs_len), jnp.int32)
     lens, zeros = jnp.full((rows,), env.obs_len, jnp.int32), jnp.zeros((rows,), bool)
-    assert flops(append_observation, ro, obs, lens, zeros.astype(jnp.float32), zeros) < head(rows * env.obs_len) / 2
+    assert flops(append_observation, roots, obs, lens, zeros.astype(jnp.float32), zeros) < head(rows * env.obs_len) / 2
