@@ -123,7 +123,7 @@ def paged_keys(loc: jax.Array, slot: jax.Array, pos: jax.Array, block: int) -> P
 
 def auto_row_len(slots: int, slot_len: int, rows: int, block: int) -> int:
     """Lp of `pack_len: 0`: R x Lp the least whole blocks holding half the unpacked S x L positions. (The default
-    HopWorld run's trees took 0.18-0.24 of S x L packed; a tree that needs more runs unpacked.)"""
+    HopWorld run's trees took 0.15-0.24 of S x L packed; a tree that needs more runs unpacked.)"""
     return -(-slots * slot_len // (2 * rows * block)) * block
 
 
