@@ -4,11 +4,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from toy import TINY_POLICY, tiny_env
 from trace_jax.envs.hopworld import HopWorldConfig, protocol, reference
 from trace_jax.evaluate import question_pool
-from trace_jax.rollout.engine import SamplingConfig
+from trace_jax.models import ModelConfig
+from trace_jax.rollout import expand as ex
+from trace_jax.rollout.engine import SamplingConfig, append_observation
 from trace_jax.rollout.expand import rollout_prompts
 from trace_jax.rollout.sampling import _first_argmax, categorical, sample_tokens, token_logprobs
 from trace_jax.sharding import init_policy
@@ -127,12 +130,6 @@ def test_the_head_runs_at_one_position_per_row():
     """The prompts' prefill and an observation chunk need next-token logits at each row's last real token only:
     XLA's FLOP count of either compiled call stays below the output head over every position it feeds (a vocabulary
     of 4096 over a width of 16, so the head dominates and a head at every position would show)."""
-    from flax import nnx
-
-    from trace_jax.models import ModelConfig
-    from trace_jax.rollout import expand as ex
-    from trace_jax.rollout.engine import append_observation
-
     env = tiny_env()
     cfg = ModelConfig(vocab_size=4096, hidden_size=16, intermediate_size=32, num_layers=1, num_heads=2,
                       num_kv_heads=1, head_dim=8)
@@ -149,9 +146,11 @@ def test_the_head_runs_at_one_position_per_row():
         return 2 * positions * cfg.hidden_size * cfg.vocab_size
 
     assert flops(ex.prefill_pool, pool) < head(rows * width) / 2
-    roots = jax.eval_shape(lambda p: ex.start_roots(
-        nnx.merge(graphdef, p), env, pool, ex.prefill_pool(nnx.merge(graphdef, p), pool),
-        jnp.arange(rows, dtype=jnp.int32), jax.random.split(jax.random.key(0), rows), pad_id=protocol.PAD), params)
+    def start(policy):
+        return ex.start_roots(policy, env, pool, ex.prefill_pool(policy, pool), jnp.arange(rows, dtype=jnp.int32),
+                              jax.random.split(jax.random.key(0), rows), pad_id=protocol.PAD)
+
+    roots = jax.eval_shape(lambda p: start(nnx.merge(graphdef, p)), params)
     obs = jnp.ones((rows, env.obs_len), jnp.int32)
     lens, zeros = jnp.full((rows,), env.obs_len, jnp.int32), jnp.zeros((rows,), bool)
     assert flops(append_observation, roots, obs, lens, zeros.astype(jnp.float32), zeros) < head(rows * env.obs_len) / 2
