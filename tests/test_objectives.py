@@ -1,5 +1,7 @@
 """Objectives: tree targets and advantages against hand-computed and brute-force references, losses."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +15,7 @@ from trace_jax.objectives import (
     auc,
     calibration,
     calibration_report,
+    ece_floor,
     entropy,
     node_targets,
     policy_loss,
@@ -227,6 +230,21 @@ def test_calibration():
     report = jax.jit(calibration_report)(pred, targets, weight)
     assert np.isclose(report["root_brier"], 0.0025) and np.isclose(report["root_ece"], 0.05)
     assert np.isclose(report["prefix_brier"], (2 * 0.0025 + 0.9025) / 3)
+
+
+def test_ece_floor_is_the_binomial_expectation():
+    """Two occupied bins (12 nodes at 0.15, 30 at 0.75) and masked nodes that must not count: the mean ECE over
+    Bernoulli outcomes against the exact sum over binomial outcomes of each bin's |share won - prediction|."""
+    pred = jnp.concatenate([jnp.full(12, 0.15), jnp.full(30, 0.75), jnp.full(20, 0.5)]).reshape(1, -1)
+    weight = jnp.concatenate([jnp.ones(42), jnp.zeros(20)]).reshape(1, -1)  # counted, they would add 0.006
+
+    def expected_gap(n: int, p: float) -> float:  # E |Binomial(n, p) / n - p|
+        return sum(math.comb(n, k) * p**k * (1 - p) ** (n - k) * abs(k / n - p) for k in range(n + 1))
+
+    exact = (12 * expected_gap(12, 0.15) + 30 * expected_gap(30, 0.75)) / 42
+    floor = jax.jit(ece_floor, static_argnames="draws")(pred, weight, jax.random.key(1), draws=20_000)
+    assert abs(float(floor) - exact) < 2e-3, (float(floor), exact)
+    assert float(ece_floor(jnp.array([0.0, 1.0, 1.0]), jnp.ones(3), jax.random.key(1))) == 0.0  # certain outcomes
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -269,7 +269,7 @@ class TrainConfig:
     warmup: WarmupConfig = WarmupConfig()  # the predictor warm-up before RL
     eval_every: int = 20  # steps between test-split evaluations (also at start and end)
     eval_batch: int = 128  # slots per evaluation rollout (one compilation)
-    eval_samples: int = 1  # sampled episodes per test question (more: less noisy success estimates)
+    eval_samples: int = 4  # sampled episodes per test question (more: less noisy success and calibration estimates)
     checkpoint_every: int = 10  # steps between checkpoints (and at the end)
     keep_checkpoints: int = 3  # newest checkpoints kept
     seed: int = 0  # prompts, rollouts, warm-up and evaluation keys all derive from it

@@ -16,7 +16,7 @@ from trace_jax import sharding as shd
 from trace_jax.envs.hopworld import HopWorldConfig, World, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.models.qwen3 import Policy
-from trace_jax.objectives import calibration_report, node_targets, predictor_report, reliability_bins
+from trace_jax.objectives import calibration_report, ece_floor, node_targets, predictor_report, reliability_bins
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool, rollout_prompts
 from trace_jax.rollout.tree import Tree
@@ -66,15 +66,18 @@ def _predictor_arrays(tree: Tree, bins: int) -> tuple[dict[str, jax.Array], dict
     would compile on its own)."""
     targets, weight = node_targets(tree)
     pred = jnp.clip(tree.success, 0.0, 1.0)
-    diagram = {name: reliability_bins(pred[:, cols], targets[:, cols], weight[:, cols], bins)
-               for name, cols in (("root", slice(0, 1)), ("prefix", slice(1, None)))}
-    return calibration_report(pred, targets, weight, bins) | predictor_report(tree), diagram
+    parts = (("root", slice(0, 1)), ("prefix", slice(1, None)))
+    diagram = {name: reliability_bins(pred[:, cols], targets[:, cols], weight[:, cols], bins) for name, cols in parts}
+    floors = {f"{name}_ece_floor": ece_floor(pred[:, cols], weight[:, cols], jax.random.key(0), bins=bins)
+              for name, cols in parts}
+    return calibration_report(pred, targets, weight, bins) | predictor_report(tree) | floors, diagram
 
 
 def predictor_quality(tree: Tree, bins: int = 10) -> tuple[dict[str, float], dict[str, dict[str, list[float]]]]:
     """V~ on single-episode rollouts, against each slot's outcome: (AUC, Brier and ECE for the prompt reads
-    (root_*) and the turn reads (prefix_*), and the spread of the prompt reads (root_v_std); the reliability-diagram
-    bins of the prompt reads ("root") and turn reads ("prefix"))."""
+    (root_*) and the turn reads (prefix_*), the ECE a perfectly calibrated V~ would show on these nodes from sampling
+    noise alone (root_ece_floor, prefix_ece_floor: `objectives.ece_floor`), and the spread of the prompt reads
+    (root_v_std); the reliability-diagram bins of the prompt reads ("root") and turn reads ("prefix"))."""
     scores, diagram = _predictor_arrays(jax.tree.map(jnp.asarray, tree), bins)
     root_v = np.clip(np.asarray(tree.success[:, 0]), 0.0, 1.0)[np.asarray(tree.has_reading[:, 0])]
     scores = {k: float(v) for k, v in scores.items()} | {"root_v_std": float(root_v.std())}

@@ -216,6 +216,16 @@ def calibration(pred: jax.Array, targets: jax.Array, weight: jax.Array, bins: in
     return brier, jnp.sum(count * jnp.abs(mean_pred - mean_target)) / total
 
 
+def ece_floor(pred: jax.Array, weight: jax.Array, key: jax.Array, draws: int = 256, bins: int = 10) -> jax.Array:
+    """Expected ECE of a perfectly calibrated predictor making these predictions (pred, weight [...]), each node's
+    binary outcome drawn from Bernoulli(pred), averaged over `draws`: what ECE measures from sampling noise alone on
+    this many nodes. Outcomes are drawn independently per node, so where nodes share one outcome (the turns of an
+    episode) the true floor is higher."""
+    pred = jnp.clip(pred, 0.0, 1.0)
+    outcomes = jax.random.bernoulli(key, pred, (draws, *pred.shape)).astype(jnp.float32)
+    return jnp.mean(jax.vmap(lambda y: calibration(pred, y, weight, bins)[1])(outcomes))
+
+
 def calibration_report(pred: jax.Array, targets: jax.Array, weight: jax.Array, bins: int = 10
                        ) -> dict[str, jax.Array]:
     """Brier and ECE separately for root nodes (index 0) and prefix nodes (index >= 1)."""
