@@ -122,6 +122,42 @@ def test_state_rate_auc_by_hand():
     assert state_rate_auc(states, won, held) == pytest.approx(2.5 / 4)
 
 
+def test_layer_reads_end_with_what_the_success_head_reads():
+    """The last layer's reads are the final normed hidden state the head reads (`warmup.read_hidden`); the earlier
+    layer's are the un-normed state after that layer, at the same positions."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from trace_jax.bench.contrast import layer_reads
+    from trace_jax.train.warmup import read_hidden
+
+    model = init_policy(dataclasses.replace(TINY_POLICY, num_layers=2), 0)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, TINY_POLICY.vocab_size, (3, 12)), jnp.int32)
+    positions = jnp.array([[0, 5, 11], [3, 3, 7], [11, 2, 1]], jnp.int32)
+    reads = np.asarray(layer_reads(model, tokens, positions))
+    assert reads.shape == (3, 2, 3, TINY_POLICY.hidden_size)
+    np.testing.assert_allclose(reads[:, 1], read_hidden(model, tokens, positions), atol=1e-5)
+    x = jnp.take(model.embed_tokens[...], tokens, axis=0)
+    first, _ = model.layers[0](x, jnp.broadcast_to(jnp.arange(12), (3, 12)), None, None)
+    np.testing.assert_allclose(reads[:, 0], np.take_along_axis(np.asarray(first), np.asarray(positions)[..., None],
+                                                               axis=1), atol=1e-5)
+
+
+def test_probes_find_linear_and_nonlinear_signal():
+    """A logistic probe finds a label linear in one feature and misses an XOR of two; the MLP probe finds both."""
+    from trace_jax.bench.contrast import probe_auc
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(800, 6)).astype(np.float32)
+    held = np.arange(800) % 4 == 0
+    linear = x[:, 2] + 0.3 * rng.normal(size=800) > 0
+    xor = (x[:, 0] > 0) ^ (x[:, 1] > 0)
+    assert probe_auc(x, linear, held) > 0.9
+    assert probe_auc(x, xor, held) < 0.65
+    assert probe_auc(x, xor, held, hidden=64) > 0.85
+
+
 @pytest.mark.slow  # the figures' arithmetic is tested above; this runs the command end to end at a tiny size
 def test_contrast_bench_runs_end_to_end(tmp_path, capsys):
     from flax import nnx
@@ -136,8 +172,10 @@ def test_contrast_bench_runs_end_to_end(tmp_path, capsys):
             f"world.max_turns={w.max_turns}", "pool_size=4", "roots=4", "continuations=1",
             "group_size=2", "eval_batch=16", "warmup.batches=1", "warmup.fit_steps=20",
             f"init_checkpoint={tmp_path / 'base'}", f"data_dir={tmp_path / 'tfds'}"]
-    assert main(["bench", "contrast", *args, "--samples", "3", "--group", "2"]) == 0
+    assert main(["bench", "contrast", *args, "--samples", "3", "--group", "2", "--probes"]) == 0
     printed = capsys.readouterr().out
+    assert re.search(r"probes of the base policy .*: layer 1 [\d.]+, all layers [\d.]+, MLP on all layers [\d.]+",
+                     printed)
     assert "mixed groups of 2" in printed and "warmed-up head" in printed
     assert re.search(r"prefix AUC over \d+ turn nodes of the held-out episodes: .* [\d.]+, warmed-up head [\d.]+",
                      printed)

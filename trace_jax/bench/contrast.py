@@ -11,7 +11,10 @@ question. Printed:
   K - 1 episodes of every question, of the node's state in the world (hop count, turns taken, and how many entities
   of the question's chain the retrieved documents have reached in order). A predictor that reads the history can
   know that state exactly;
-- with the predictor warm-up of the config applied, the head's root and prefix AUC for the same held-out episodes.
+- with the predictor warm-up of the config applied, the head's root and prefix AUC for the same held-out episodes;
+- with `--probes`, the prefix AUC of probes of the frozen base policy fitted on the other K - 1 episodes' turn nodes:
+  a logistic regression on the hidden state after each layer at the node's read position, one on all layers at
+  once, and a one-hidden-layer MLP on all layers: how much of the knowable state a read of the base policy holds.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
+from flax import nnx
 
 from trace_jax.config import TrainConfig
 from trace_jax.data.hopworld_tfds import build_dataset
@@ -26,6 +31,7 @@ from trace_jax.envs.hopworld import build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.envs.hopworld.world import World
 from trace_jax.evaluate import rollout_questions, success_by_hops
+from trace_jax.models.qwen3 import Policy
 from trace_jax.objectives import auc
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.tree import Tree
@@ -92,7 +98,71 @@ def state_rate_auc(states: np.ndarray, won: np.ndarray, held: np.ndarray) -> flo
     return float(auc(jnp.asarray(rate), jnp.asarray(won[held]), jnp.ones(len(rate), bool)))
 
 
-def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = True) -> dict[str, float]:
+@nnx.jit
+def layer_reads(model: Policy, tokens: jax.Array, positions: jax.Array) -> jax.Array:
+    """[S, layers, P, D] float32 hidden state after each layer (the last one normed: what the success head reads)
+    at positions [S, P] of tokens [S, L], from one causal forward."""
+    rows, length = tokens.shape
+    where = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (rows, length))
+    x = jnp.take(model.embed_tokens[...], tokens, axis=0).astype(model.cfg.jnp_dtype)
+    reads = []
+    for i, layer in enumerate(model.layers):
+        x, _ = layer(x, where, None, None)
+        h = model.norm(x) if i == len(model.layers) - 1 else x
+        reads.append(jnp.take_along_axis(h, positions[..., None], axis=1))
+    return jnp.stack(reads, axis=1).astype(jnp.float32)
+
+
+def probe_auc(x: np.ndarray, won: np.ndarray, held: np.ndarray, hidden: int = 0, steps: int = 1000,
+              learning_rate: float = 1e-2, weight_decay: float = 1e-4) -> float:
+    """AUC on the held [K] rows of a probe of features x [K, F] for won [K], fitted on the other rows by full-batch
+    AdamW on the log loss over standardised features: a logistic regression (hidden = 0) or a one-hidden-layer GELU
+    MLP of `hidden` units."""
+    fit = jnp.asarray(x[~held])
+    mean, scale = fit.mean(0), fit.std(0) + 1e-6
+    norm = lambda v: (jnp.asarray(v) - mean) / scale
+    f = x.shape[1]
+    params = {"w": jnp.zeros(hidden or f), "b": jnp.zeros(())}
+    if hidden:
+        params |= {"w1": jax.random.normal(jax.random.key(0), (f, hidden)) / np.sqrt(f), "b1": jnp.zeros(hidden)}
+
+    def logit(p, v):
+        return (jax.nn.gelu(v @ p["w1"] + p["b1"]) if hidden else v) @ p["w"] + p["b"]
+
+    tx, y = optax.adamw(learning_rate, weight_decay=weight_decay), jnp.asarray(won[~held], jnp.float32)
+    loss = lambda p, v: jnp.mean(optax.sigmoid_binary_cross_entropy(logit(p, v), y))
+
+    @jax.jit
+    def train(p, v):
+        def body(carry, _):
+            p, state = carry
+            updates, state = tx.update(jax.grad(loss)(p, v), state, p)
+            return (optax.apply_updates(p, updates), state), None
+
+        return jax.lax.scan(body, (p, tx.init(p)), None, length=steps)[0][0]
+
+    score = logit(train(params, norm(fit)), norm(x[held]))
+    return float(auc(score, jnp.asarray(won[held]), jnp.ones(int(held.sum()), bool)))
+
+
+def probe_report(model: Policy, tree: Tree, slot: np.ndarray, turn: np.ndarray, won: np.ndarray, held: np.ndarray,
+                 batch: int) -> dict[str, float]:
+    """prefix_auc_probe_layer{l}, prefix_auc_probe_all, prefix_auc_probe_mlp: `probe_auc` of the turn nodes (slot,
+    turn [K]) from the hidden states at their read positions, fitted on the nodes not held [K]."""
+    reads = np.asarray(tree.read_positions())
+    per_slot = np.concatenate([np.asarray(layer_reads(model, jnp.asarray(tree.tokens[i:i + batch]),
+                                                      jnp.asarray(reads[i:i + batch])))
+                               for i in range(0, len(reads), batch)])  # [S, layers, T+1, D]
+    x = per_slot[slot, :, turn + 1]  # [K, layers, D]
+    out = {f"prefix_auc_probe_layer{i + 1}": probe_auc(x[:, i], won, held) for i in range(x.shape[1])}
+    every = x.reshape(len(x), -1)
+    out["prefix_auc_probe_all"] = probe_auc(every, won, held)
+    out["prefix_auc_probe_mlp"] = probe_auc(every, won, held, hidden=256, weight_decay=1e-2)
+    return out
+
+
+def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = True, probes: bool = False
+                    ) -> dict[str, float]:
     """The figures above as a dict: success_hop{h}, mixed_at_group, auc_question_mean, auc_hop_rate,
     prefix_auc_state, prefix_nodes, and auc_head, prefix_auc_head (after the warm-up; absent when warmup is False)."""
     from trace_jax.train.loop import base_policy, held_out_questions, warm_up
@@ -115,6 +185,8 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
     won = np.asarray(tree.reward)[slot] > 0.5
     out["prefix_auc_state"] = state_rate_auc(states, won, held)
     out["prefix_nodes"] = int(held.sum())
+    if probes:  # before the warm-up: the base policy as it is
+        out |= probe_report(model, tree, slot, turn, won, held, cfg.eval_batch)
     if warmup and cfg.warmup.batches:
         warm_up(cfg, model, env)
         rows = np.arange(len(questions)) * samples + samples - 1  # each question's held-out episode
@@ -129,8 +201,8 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
     return out
 
 
-def run_contrast_bench(cfg: TrainConfig, samples: int, group: int) -> dict[str, float]:
-    r = contrast_report(cfg, samples, group)
+def run_contrast_bench(cfg: TrainConfig, samples: int, group: int, probes: bool = False) -> dict[str, float]:
+    r = contrast_report(cfg, samples, group, probes=probes)
     hops = [k for k in r if k.startswith("success_hop")]
     print(f"base policy {cfg.init_checkpoint}, {samples} episodes per test question at temperature {cfg.temperature}")
     print("success per hop: " + ", ".join(f"{k[len('success_hop'):]}: {100 * r[k]:.1f}%" for k in hops))
@@ -141,4 +213,9 @@ def run_contrast_bench(cfg: TrainConfig, samples: int, group: int) -> dict[str, 
     print(f"prefix AUC over {r['prefix_nodes']} turn nodes of the held-out episodes: success rate of the node's state "
           f"(hops, turn, chain entities reached) {r['prefix_auc_state']:.3f}"
           + (f", warmed-up head {r['prefix_auc_head']:.3f}" if "prefix_auc_head" in r else ""))
+    if probes:
+        layers = sorted(k for k in r if k.startswith("prefix_auc_probe_layer"))
+        print("prefix AUC of probes of the base policy fitted on the other episodes' turn nodes: "
+              + ", ".join(f"layer {k[len('prefix_auc_probe_layer'):]} {r[k]:.3f}" for k in layers)
+              + f", all layers {r['prefix_auc_probe_all']:.3f}, MLP on all layers {r['prefix_auc_probe_mlp']:.3f}")
     return r
