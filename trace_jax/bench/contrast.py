@@ -12,9 +12,10 @@ question. Printed:
   of the question's chain the retrieved documents have reached in order). A predictor that reads the history can
   know that state exactly;
 - with the predictor warm-up of the config applied, the head's root and prefix AUC for the same held-out episodes;
-- with `--probes`, the prefix AUC of probes of the frozen base policy fitted on the other K - 1 episodes' turn nodes:
-  a logistic regression on the hidden state after each layer at the node's read position, one on all layers at
-  once, and a one-hidden-layer MLP on all layers: how much of the knowable state a read of the base policy holds.
+- with `--probes`, the prefix AUC of probes of the frozen base policy on the turn nodes of every fourth question,
+  fitted on the other questions' turn nodes (so, like the head, they are scored on questions they were not fitted
+  on): a logistic regression on the hidden state after each layer at the node's read position, one on all layers
+  at once, and a one-hidden-layer MLP on all layers: how much of the knowable state a read of the base policy holds.
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
     out["prefix_auc_state"] = state_rate_auc(states, won, held)
     out["prefix_nodes"] = int(held.sum())
     if probes:  # before the warm-up: the base policy as it is
-        out |= probe_report(model, tree, slot, turn, won, held, cfg.eval_batch)
+        out |= probe_report(model, tree, slot, turn, won, slot // samples % 4 == 0, cfg.eval_batch)
     if warmup and cfg.warmup.batches:
         warm_up(cfg, model, env)
         rows = np.arange(len(questions)) * samples + samples - 1  # each question's held-out episode
@@ -215,7 +216,8 @@ def run_contrast_bench(cfg: TrainConfig, samples: int, group: int, probes: bool 
           + (f", warmed-up head {r['prefix_auc_head']:.3f}" if "prefix_auc_head" in r else ""))
     if probes:
         layers = sorted(k for k in r if k.startswith("prefix_auc_probe_layer"))
-        print("prefix AUC of probes of the base policy fitted on the other episodes' turn nodes: "
+        print("prefix AUC of probes of the base policy on the turn nodes of a quarter of the questions, fitted on "
+              "the others': "
               + ", ".join(f"layer {k[len('prefix_auc_probe_layer'):]} {r[k]:.3f}" for k in layers)
               + f", all layers {r['prefix_auc_probe_all']:.3f}, MLP on all layers {r['prefix_auc_probe_mlp']:.3f}")
     return r
