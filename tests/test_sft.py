@@ -4,6 +4,7 @@ import json
 
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from trace_jax.checkpoints import load_model
 from trace_jax.cli import main
@@ -33,8 +34,9 @@ def test_sft_reduces_loss_and_checkpoint_reloads(tmp_path, capsys):
     assert model.cfg == cfg.model
     env = HopWorldEnv(build_world(cfg.world), cfg.world)
     tokens, mask, _ = expert_data(cfg, env, split_questions(cfg, "validation"))
-    trained = float(sequence_loss(model, jnp.asarray(tokens), jnp.asarray(mask)))
-    fresh = float(sequence_loss(init_policy(cfg.model, seed=123), jnp.asarray(tokens), jnp.asarray(mask)))
+    loss = nnx.jit(sequence_loss)  # one program (eagerly, each of the forward's ops would compile on its own)
+    trained = float(loss(model, jnp.asarray(tokens), jnp.asarray(mask)))
+    fresh = float(loss(init_policy(cfg.model, seed=123), jnp.asarray(tokens), jnp.asarray(mask)))
     assert trained < fresh
     assert load_tokenizer(tmp_path / "run" / "tokenizer").vocab_size == cfg.model.vocab_size
     assert np.isfinite(trained)

@@ -132,9 +132,11 @@ def test_chunked_step_equals_the_whole_step():
         if k not in ("fed_positions", "utilisation"):  # chunks prefill their roots' rows and idle differently
             np.testing.assert_allclose(metrics[k], v, atol=1e-5, err_msg=k)
 
-    # the predictor warm-up of a run with chunk_slots rolls out the same uniform trees, chunk by chunk
+    # the predictor warm-up of a run with chunk_slots rolls out the same uniform trees, chunk by chunk, as one
+    # rolling them out whole: synchronously (refill_slots=0), with `whole`'s program (its plan, pool shape and
+    # sampling); the refilled rows of the default are the synchronous tree (tests/rollout/test_refill.py)
     cfg = load_config(TrainConfig, None, ["roots=8", f"continuations={N}", "temperature=0.8", "warmup.batches=2",
-                                          "warmup.fit_steps=20", "max_roots_per_prompt=4"])
+                                          "warmup.fit_steps=20", "max_roots_per_prompt=4", "refill_slots=0"])
     pools = lambda i: question_pool(env, np.arange(8 * i, 8 * i + 8))
     fresh = lambda: nnx.merge(graphdef, jax.tree.map(jnp.copy, trained_policy_state()[1]))  # params was donated
     report = warm_up(cfg, fresh(), env, pools)

@@ -1,6 +1,7 @@
 """The compiled TRACE step and the training loop: one compilation, sharding, NaN skips, exact resume."""
 
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -36,7 +37,7 @@ from trace_jax.train.step import TrainState, apply_update, build_step, make_opti
 
 OVERRIDES = ["world.num_entities=64", "world.num_questions=120", "pool_size=4", "roots=4", "continuations=1",
              "group_size=2", "eval_batch=16", "eval_every=100", "learning_rate=0.01", "warmup.batches=2",
-             "warmup.fit_steps=50"]
+             "warmup.fit_steps=50", "eval_samples=1"]
 FULL_STEPS = ["steps=5", "checkpoint_every=1"]
 
 
@@ -51,11 +52,24 @@ def run_dirs(tmp_path_factory):
     return built_once(session_tmp(tmp_path_factory), "train", _base_and_data)
 
 
+def no_plots(mp: pytest.MonkeyPatch) -> None:
+    """Skips a run's PNGs (matplotlib's seconds at each evaluation and at the end), for runs whose checks read its
+    metrics and checkpoints only: the runs' plots are drawn in tests/test_compare.py (a fresh and a resumed run)
+    and in the notebooks."""
+    mp.setattr(loop, "plot_metrics", lambda out, keys: Path(out) / "metrics.png")
+    mp.setattr(loop, "plot_reliability", lambda panels, path: Path(path))
+
+
+def _full_run(root: Path, out: Path) -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        no_plots(mp)
+        train(config(root, *FULL_STEPS, f"out_dir={out}"))
+
+
 @pytest.fixture(scope="module")
 def full_run(run_dirs, tmp_path_factory) -> Path:
     """A finished 5-step run with a checkpoint every step (the newest 3 kept)."""
-    return built_once(session_tmp(tmp_path_factory), "train_full",
-                      lambda out: train(config(run_dirs, *FULL_STEPS, f"out_dir={out}")))
+    return built_once(session_tmp(tmp_path_factory), "train_full", lambda out: _full_run(run_dirs, out))
 
 
 def config(root: Path, *extra: str) -> TrainConfig:
@@ -135,7 +149,7 @@ def _metrics(out: Path) -> dict[int, dict]:
     return {r["step"]: {k: v for k, v in r.items() if k != "step_seconds"} for r in rows}
 
 
-def test_sigkill_then_resume_reproduces_the_uninterrupted_run(run_dirs, full_run):
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(run_dirs, full_run, monkeypatch):
     steps = FULL_STEPS
     killed = run_dirs / "killed"
     cmd = [sys.executable, "-m", "trace_jax.cli", "train", *OVERRIDES, *steps, f"out_dir={killed}",
@@ -154,6 +168,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(run_dirs, full_run
     newest = killed / "checkpoints" / str(done)
     shutil.rmtree(newest / "state")
     resumed = config(run_dirs, *steps, f"out_dir={killed}")
+    no_plots(monkeypatch)
     live = {}  # what on_log (a notebook's live plots) saw: each row as written
     train(resumed, resume=True, on_log=lambda step, row: live.setdefault(step, dict(row)))
     assert load_model(killed / "policy").cfg == TINY  # the trained policy, ready for export
@@ -167,7 +182,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(run_dirs, full_run
 
 
 def test_sigterm_saves_the_step_and_exits_then_resume_reproduces_the_uninterrupted_run(run_dirs, full_run, tmp_path,
-                                                                                       capsys):
+                                                                                       capsys, monkeypatch):
     """A preemption: SIGTERM mid-run (in this process, from a watcher thread once step 2 is saved). The step in
     flight finishes, is logged and checkpointed, and the command exits with 143; --resume then reproduces the
     uninterrupted run exactly."""
@@ -181,6 +196,7 @@ def test_sigterm_saves_the_step_and_exits_then_resume_reproduces_the_uninterrupt
             time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGTERM)
 
+    no_plots(monkeypatch)
     watcher = threading.Thread(target=preempt, daemon=True)
     watcher.start()
     assert main(args) == 128 + signal.SIGTERM
@@ -242,8 +258,9 @@ def test_equal_cost_budgets_for_prefix_free_allocators(run_dirs):
     graphdef = nnx.graphdef(shd.init_policy(TINY, seed=0))
     tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm)
     pool = pool_of(hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed).batch(0))
-    probe = lambda spec: build_step(graphdef, tx, spec)(jax.tree.map(jnp.copy, state), env, pool,
-                                                        jax.random.key(cfg.seed + 1))[1]
+    # the probes below all run the trace 4x2 reference step: one jitted step per spec, traced and compiled once
+    step_of = functools.cache(lambda spec: build_step(graphdef, tx, spec))
+    probe = lambda spec: step_of(spec)(jax.tree.map(jnp.copy, state), env, pool, jax.random.key(cfg.seed + 1))[1]
     assert equal_cost_budget(dataclasses.replace(cfg, equal_cost="leaves"), probe) == (12, 0, 2)
     roots, n, g = equal_cost_budget(cfg, probe)
     # continuations start mid-episode: matching tokens costs fewer extra roots than matching leaves
