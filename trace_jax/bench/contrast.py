@@ -165,7 +165,8 @@ def probe_report(model: Policy, tree: Tree, slot: np.ndarray, turn: np.ndarray, 
 def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = True, probes: bool = False
                     ) -> dict[str, float]:
     """The figures above as a dict: success_hop{h}, mixed_at_group, auc_question_mean, auc_hop_rate,
-    prefix_auc_state, prefix_nodes, and auc_head, prefix_auc_head (after the warm-up; absent when warmup is False)."""
+    prefix_auc_state, prefix_nodes, auc_head and prefix_auc_head (after the warm-up; absent when warmup is False), and
+    `probe_report`'s prefix_auc_probe_* (probes: True)."""
     from trace_jax.train.loop import base_policy, held_out_questions, warm_up
     from trace_jax.train.warmup import read_hidden
 
