@@ -36,13 +36,21 @@ def tiny_qwen3(request, tmp_path):
     return hf_dir, model
 
 
+def _write_kit(path):
+    """The kit, its fine-tuning step compiled for running (`toy.run_fast`): 60 steps are most of its time."""
+    from toy import run_fast
+    from trace_jax.data import search_qa_tiny
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(search_qa_tiny, "sft_step", run_fast(search_qa_tiny.sft_step))
+        search_qa_tiny.write_tiny_search_qa(path, sft_steps=60)
+
+
 @pytest.fixture(scope="session")
 def kit(tmp_path_factory):
-    """60 fine-tuning steps: enough for the policy to search (the retriever is really called), not to be right."""
-    from trace_jax.data.search_qa_tiny import write_tiny_search_qa
-
-    return built_once(session_tmp(tmp_path_factory), "search_qa_kit",
-                      lambda path: write_tiny_search_qa(path, sft_steps=60))
+    """60 fine-tuning steps: enough for the policy to search (the retriever is really called), not to be right
+    (30 are not: the search QA training test's run then never calls the retriever after its step 1)."""
+    return built_once(session_tmp(tmp_path_factory), "search_qa_kit", _write_kit)
 
 
 # The longest tests (`pytest --durations`, on a 2-core machine), longest first. With pytest-xdist's work stealing each

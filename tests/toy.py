@@ -53,6 +53,31 @@ def trained_policy_state():
                                                                       for i in range(len(leaves.files))])
 
 
+def run_fast(step):
+    """`step` (an `nnx.jit` training step: step(model, optimizer, *arrays) updates both in place and returns its
+    output) compiled for running at `xla_flags.RUN_FAST`: for a fixture's fine-tuning loop, which runs one program
+    many times."""
+    from flax import nnx
+    from xla_flags import RUN_FAST
+
+    compiled = {}
+
+    def call(model, optimizer, *arrays):
+        graphdef, state = nnx.split((model, optimizer))
+        if graphdef not in compiled:
+            def pure(state, *arrays):
+                model, optimizer = nnx.merge(graphdef, state)
+                out = step.fun(model, optimizer, *arrays)
+                return nnx.state((model, optimizer)), out
+
+            compiled[graphdef] = jax.jit(pure, donate_argnums=0, compiler_options=RUN_FAST)
+        state, out = compiled[graphdef](state, *arrays)
+        nnx.update((model, optimizer), state)
+        return out
+
+    return call
+
+
 def _train(model: Policy) -> None:
     """120 SFT steps of `model` on TINY_WORLD's expert episodes (in place)."""
     from trace_jax.sft import expert_data, make_optimizer, train_step
@@ -61,6 +86,7 @@ def _train(model: Policy) -> None:
                               learning_rate=3e-3, warmup_steps=10, episodes=256)
     tokens, mask, _ = expert_data(cfg, tiny_env(), np.arange(TINY_WORLD.num_questions))
     optimizer = make_optimizer(model, cfg)
+    train_step = run_fast(train_step)
     rng = np.random.default_rng(0)
     for _ in range(cfg.steps):
         rows = rng.choice(len(tokens), cfg.batch_size, replace=False)
