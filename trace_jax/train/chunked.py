@@ -9,6 +9,7 @@ a KV cache, and at most chunk_slots rows go through the backward, at a time.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -94,9 +95,12 @@ class ChunkedStep:
         return self.update(state, chunks, tree, pool, pool_v, stats)
 
 
+@functools.lru_cache(maxsize=8)
 def make_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: StepSpec, chunk_slots: int = 0) -> Step:
     """The training step of `spec`: `build_step` (one jitted program), or a `ChunkedStep` when chunk_slots is set
-    and smaller than the step's M * (1 + N) slots."""
+    and smaller than the step's M * (1 + N) slots. Built once per process for equal arguments (graphdefs compare
+    by structure; `make_optimizer` returns one object per setting), so the runs of a comparison (its seeds, the
+    equal-cost probe of a prefix-free method, a resumed run) trace and compile each step once."""
     if runs_in_chunks(spec.plan, chunk_slots):
         return ChunkedStep(graphdef, tx, spec, chunk_slots)
     return build_step(graphdef, tx, spec)
