@@ -29,39 +29,50 @@ def test_each_notebook_links_and_installs_from_the_repository():
 ONE_DEVICE = FAST_COMPILE  # one CPU device, as on Colab's CPU runtime
 
 
-def _run(name: str, where: Path, parameters: dict[str, str] | None = None, xla_flags: str = ONE_DEVICE):
-    """The notebook `name` executed in a fresh kernel in `where` with TRACE_JAX_NOTEBOOK_TEST=1, `parameters` set in
-    a cell after its `parameters`-tagged cell (as papermill does), and `xla_flags`; a failing cell raises, naming
-    it. The kernel shares the session's compilation cache: with the session's XLA flags it reuses what the tests
-    compiled with the same shapes. Returns (notebook with outputs, printed text, images)."""
-    book = nbformat.read(COLAB / f"{name}.ipynb", as_version=4)
+def _run(names: list[str], where: Path, parameters: dict[str, str] | None = None, xla_flags: str = ONE_DEVICE):
+    """The notebooks `names` executed one after the other in one fresh kernel in `where`, with
+    TRACE_JAX_NOTEBOOK_TEST=1, `parameters` set in a cell after the first one's `parameters`-tagged cell (as papermill
+    does), and `xla_flags`; a failing cell raises, naming it. Between notebooks `%reset -f` empties the namespace, so
+    each notebook still runs on what it defines itself, while the kernel keeps its imports and compiled programs.
+    The kernel shares the session's compilation cache: with the session's XLA flags it reuses what the tests
+    compiled with the same shapes. Returns (printed text, images), one pair per notebook."""
+    books = [nbformat.read(COLAB / f"{name}.ipynb", as_version=4) for name in names]
     if parameters:
-        at = next(i for i, cell in enumerate(book.cells) if "parameters" in cell.metadata.get("tags", []))
-        book.cells.insert(at + 1, nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in parameters.items())))
-    client = NotebookClient(book, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(where)}})
+        at = next(i for i, cell in enumerate(books[0].cells) if "parameters" in cell.metadata.get("tags", []))
+        assign = "\n".join(f"{k} = {v!r}" for k, v in parameters.items())
+        books[0].cells.insert(at + 1, nbformat.v4.new_code_cell(assign))
+    reset = nbformat.v4.new_code_cell("%reset -f")
+    joined = nbformat.v4.new_notebook(metadata=books[0].metadata,
+                                      cells=[cell for book in books for cell in [reset, *book.cells]][1:])
+    client = NotebookClient(joined, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(where)}})
     client.execute(env={**os.environ, "TRACE_JAX_NOTEBOOK_TEST": "1", "XLA_FLAGS": xla_flags})
-    outputs = [out for cell in book.cells if cell.cell_type == "code" for out in cell.outputs]
-    images = sum("image/png" in out.get("data", {}) for out in outputs)
-    return book, "".join(out.get("text", "") for out in outputs), images
+    results, cells = [], iter(joined.cells)
+    for book in books:
+        outputs = [out for cell in [next(cells) for _ in range(len(book.cells))] if cell.cell_type == "code"
+                   for out in cell.outputs]
+        results.append(("".join(out.get("text", "") for out in outputs),
+                        sum("image/png" in out.get("data", {}) for out in outputs)))
+        next(cells, None)  # the reset
+    return results
 
 
 def test_quickstart_and_compare_run_top_to_bottom(tmp_path):
-    """One test, so the second notebook finds the programs they share (SFT, warm-up, evaluation, the TRACE step) in
-    the session's compilation cache."""
-    _, printed, images = _run("quickstart", tmp_path)
+    """One kernel, so the second notebook finds the modules and programs they share (SFT, warm-up, evaluation, the
+    TRACE step) already loaded."""
+    (printed, images), (printed_compare, images_compare) = _run(["quickstart", "compare"], tmp_path)
     assert re.search(r"test success: [\d.]+% at step 0 -> [\d.]+% at step 2", printed)
     assert "trace M=4 N=1, step 2" in printed and images >= 3  # live plots, reliability, the tree
-    _, printed, images = _run("compare", tmp_path)
+    assert "compare: results in" in printed_compare and images_compare == 4
     results = (tmp_path / "trace_jax_compare" / "compare" / "results.md").read_text()
-    assert results.count("| trace |") == results.count("| grpo |") == 1 and images == 4
+    assert results.count("| trace |") == results.count("| grpo |") == 1
 
 
 def test_bring_your_checkpoint_runs_top_to_bottom(kit, tmp_path):
     """With the session's tiny kit as the user's own checkpoint, QA files and corpus, and the session's devices: the
     search QA training test compiles the same programs (same config, shapes and devices)."""
     files = {"HF_DIR": kit / "policy", "QA_DIR": kit / "qa", "CORPUS": kit / "corpus.jsonl"}
-    _, printed, _ = _run("bring_your_checkpoint", tmp_path, {k: str(v) for k, v in files.items()},
-                         os.environ["XLA_FLAGS"])
+    [(printed, _)] = _run(["bring_your_checkpoint"], tmp_path, {k: str(v) for k, v in files.items()},
+                          os.environ["XLA_FLAGS"])
     assert "retriever at http://127.0.0.1:" in printed and "<search>" in printed and "step 1: reward" in printed
     difference = float(re.search(r"JAX vs transformers: (\S+)", printed).group(1))
     assert difference < 1e-4
