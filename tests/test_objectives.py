@@ -260,6 +260,16 @@ def test_auc_matches_pairwise_counting(seed):
     assert float(auc(jnp.asarray(score), jnp.zeros((6, 5), bool), jnp.asarray(mask))) == 0.5  # one class only
 
 
+def test_auc_past_two_to_the_31_pairs():
+    """100k positives x 100k negatives (10^10 pairs): scores sorted with the labels give exactly 1, and one
+    negative moved to the top costs exactly 1/n_neg of the pairs."""
+    n = 100_000
+    label = jnp.arange(2 * n) >= n  # the top half of the scores are the positives
+    score = jnp.arange(2 * n, dtype=jnp.float32)
+    assert float(auc(score, label, jnp.ones(2 * n, bool))) == pytest.approx(1.0, abs=1e-6)  # float32 sums
+    assert float(auc(score.at[0].set(3 * n), label, jnp.ones(2 * n, bool))) == pytest.approx(1 - 1 / n, abs=1e-6)
+
+
 def test_solve_rates_and_predictor_report():
     rates = {k: float(v) for k, v in solve_rates(HAND).items()}
     # prompt 7: leaves 1, 0, 0, 1 -> mixed; prompt 3: 0, 0, 1 -> mixed

@@ -255,7 +255,7 @@ def auc(score: jax.Array, label: jax.Array, mask: jax.Array) -> jax.Array:
     ordered = jnp.sort(x)
     rank = (jnp.searchsorted(ordered, x, side="left") + jnp.searchsorted(ordered, x, side="right") + 1) / 2.0
     pos = mask & label.reshape(-1).astype(bool)
-    n_pos, n_neg = pos.sum(), (mask & ~pos).sum()
+    n_pos, n_neg = pos.sum().astype(jnp.float32), (mask & ~pos).sum().astype(jnp.float32)  # products pass 2^31
     u = jnp.sum(jnp.where(pos, rank, 0.0)) - n_pos * (n_pos + 1) / 2.0
     return jnp.where((n_pos > 0) & (n_neg > 0), u / jnp.maximum(n_pos * n_neg, 1), 0.5)
 
