@@ -5,8 +5,10 @@ question. Printed:
 - success per hop count;
 - the share of questions whose first G episodes are mixed: GRPO's effective ratio at group size G on prompts
   drawn uniformly (the paper's math setting: 26.8% at G = 8);
-- ceilings for the root AUC of any predictor of a new episode's outcome: the question's empirical success
-  over the other K - 1 episodes, and its hop count's success rate;
+- the root AUC of a perfect predictor of each question's success rate (the ceiling for any predictor that reads
+  the prompt), from a beta-binomial fit of the questions' K episodes; and two predictors one can compute: the
+  question's empirical success over the other K - 1 episodes (below that ceiling: a noisy estimate of the rate),
+  and its hop count's success rate;
 - ceilings for the prefix AUC (turn nodes: the state after each non-final turn): the success rate, over the other
   K - 1 episodes of every question, of the node's state in the world (hop count, turns taken, and how many entities
   of the question's chain the retrieved documents have reached in order). A predictor that reads the history can
@@ -39,8 +41,10 @@ from trace_jax.rollout.tree import Tree
 
 
 def contrast_figures(reward: np.ndarray, hops: np.ndarray, group: int) -> dict[str, float]:
-    """From outcomes reward [Q, K] bool (K episodes of Q questions) and hops [Q]: success_hop{h} and the root-AUC
-    ceilings over the first K - 1 episodes, and mixed_at_group over the first `group` episodes."""
+    """From outcomes reward [Q, K] bool (K episodes of Q questions) and hops [Q]: success_hop{h}, mixed_at_group over
+    the first `group` episodes, the root AUC of the last episode's outcome for the question's success over the first
+    K - 1 and for its hop count's rate over them, and `true_rate_auc` over all K (auc_true_rate, rate_beta_a/b) with
+    its bootstrap standard error over questions (auc_true_rate_se)."""
     seen, held = reward[:, :-1], reward[:, -1]
     every = jnp.ones(len(reward), bool)
     by_hops = success_by_hops(seen.reshape(-1), np.repeat(hops, seen.shape[1]))
@@ -49,7 +53,35 @@ def contrast_figures(reward: np.ndarray, hops: np.ndarray, group: int) -> dict[s
     out["mixed_at_group"] = float((first.any(1) & ~first.all(1)).mean())
     out["auc_question_mean"] = float(auc(jnp.asarray(seen.mean(1)), jnp.asarray(held), every))
     out["auc_hop_rate"] = float(auc(jnp.asarray([by_hops[f"success_hop{h}"] for h in hops]), jnp.asarray(held), every))
+    out["auc_true_rate"], out["rate_beta_a"], out["rate_beta_b"] = true_rate_auc(reward)
+    rng = np.random.default_rng(0)  # its standard error: the fit again on questions drawn with replacement
+    out["auc_true_rate_se"] = float(np.std([true_rate_auc(reward[rng.integers(0, len(reward), len(reward))])[0]
+                                            for _ in range(100)]))
     return out
+
+
+def true_rate_auc(reward: np.ndarray) -> tuple[float, float, float]:
+    """(auc, a, b) from outcomes reward [Q, K] bool: the root AUC of a predictor that knows each question's success
+    rate p exactly, with p ~ Beta(a, b) fitted by maximum likelihood to the questions' success counts out of K
+    (beta-binomial): the chance that the p of a random success exceeds the p of a random failure (ties half),
+    whose densities are p Beta(p; a, b) and (1 - p) Beta(p; a, b) up to normalisation."""
+    from scipy import optimize, special
+
+    k = reward.shape[1]
+    wins = np.arange(k + 1)
+    questions = np.bincount(reward.sum(1), minlength=k + 1)  # [K + 1] questions with 0..K successes
+
+    def nll(x: np.ndarray) -> float:  # the beta-binomial log-likelihood, less the binomial coefficients
+        a, b = np.exp(x)
+        return -questions @ (special.betaln(wins + a, k - wins + b) - special.betaln(a, b))
+
+    a, b = np.exp(optimize.minimize(nll, np.zeros(2), method="Nelder-Mead").x)
+    p = (np.arange(20_000) + 0.5) / 20_000
+    log_density = (a - 1) * np.log(p) + (b - 1) * np.log1p(-p)
+    density = np.exp(log_density - log_density.max())
+    pos, neg = p * density, (1 - p) * density
+    pos, neg = pos / pos.sum(), neg / neg.sum()
+    return float(np.sum(pos * (np.cumsum(neg) - neg / 2))), float(a), float(b)
 
 
 def chain_progress(tree: Tree, world: World) -> np.ndarray:
@@ -209,6 +241,10 @@ def run_contrast_bench(cfg: TrainConfig, samples: int, group: int, probes: bool 
     print(f"base policy {cfg.init_checkpoint}, {samples} episodes per test question at temperature {cfg.temperature}")
     print("success per hop: " + ", ".join(f"{k[len('success_hop'):]}: {100 * r[k]:.1f}%" for k in hops))
     print(f"mixed groups of {group} (GRPO's effective ratio at G={group}): {100 * r['mixed_at_group']:.1f}%")
+    a, b = r["rate_beta_a"], r["rate_beta_b"]
+    print(f"root AUC of a perfect predictor of each question's success rate {r['auc_true_rate']:.3f} ± "
+          f"{r['auc_true_rate_se']:.3f} (rates ~ "
+          f"Beta({a:.2f}, {b:.2f}): mean {a / (a + b):.3f}, std {np.sqrt(a * b / (a + b + 1)) / (a + b):.3f})")
     print(f"root AUC for a held-out episode: question's success over {samples - 1} others "
           f"{r['auc_question_mean']:.3f}, hop count's success rate {r['auc_hop_rate']:.3f}"
           + (f", warmed-up head {r['auc_head']:.3f}" if "auc_head" in r else ""))
