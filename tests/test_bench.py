@@ -200,5 +200,6 @@ def test_contrast_bench_runs_end_to_end(tmp_path, capsys):
     assert re.search(r"probes of the base policy .*: layer 1 [\d.]+, all layers [\d.]+, MLP on all layers [\d.]+",
                      printed)
     assert "mixed groups of 2" in printed and "warmed-up head" in printed
+    assert re.search(r"perfect predictor of each question's success rate [\d.]+ ± [\d.]+ \(rates ~ Beta", printed)
     assert re.search(r"prefix AUC over \d+ turn nodes of the held-out episodes: .* [\d.]+, warmed-up head [\d.]+",
                      printed)
