@@ -41,19 +41,14 @@ def _run(names: list[str], where: Path, parameters: dict[str, str] | None = None
         at = next(i for i, cell in enumerate(books[0].cells) if "parameters" in cell.metadata.get("tags", []))
         assign = "\n".join(f"{k} = {v!r}" for k, v in parameters.items())
         books[0].cells.insert(at + 1, nbformat.v4.new_code_cell(assign))
-    reset = nbformat.v4.new_code_cell("%reset -f")
-    joined = nbformat.v4.new_notebook(metadata=books[0].metadata,
-                                      cells=[cell for book in books for cell in [reset, *book.cells]][1:])
+    joined = nbformat.v4.new_notebook(metadata=books[0].metadata)  # cells assigned below stay the books' own
+    for i, book in enumerate(books):
+        joined.cells += [nbformat.v4.new_code_cell("%reset -f")] * (i > 0) + book.cells
     client = NotebookClient(joined, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(where)}})
     client.execute(env={**os.environ, "TRACE_JAX_NOTEBOOK_TEST": "1", "XLA_FLAGS": xla_flags})
-    results, cells = [], iter(joined.cells)
-    for book in books:
-        outputs = [out for cell in [next(cells) for _ in range(len(book.cells))] if cell.cell_type == "code"
-                   for out in cell.outputs]
-        results.append(("".join(out.get("text", "") for out in outputs),
-                        sum("image/png" in out.get("data", {}) for out in outputs)))
-        next(cells, None)  # the reset
-    return results
+    outputs = [[out for cell in book.cells if cell.cell_type == "code" for out in cell.outputs] for book in books]
+    return [("".join(out.get("text", "") for out in outs), sum("image/png" in out.get("data", {}) for out in outs))
+            for outs in outputs]
 
 
 def test_quickstart_and_compare_run_top_to_bottom(tmp_path):
