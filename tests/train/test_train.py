@@ -1,7 +1,6 @@
 """The compiled TRACE step and the training loop: one compilation, sharding, NaN skips, exact resume."""
 
 import dataclasses
-import functools
 import json
 import os
 import re
@@ -32,6 +31,7 @@ from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.rollout.engine import TurnSpec, max_len
 from trace_jax.train import loop
 from trace_jax.train.checkpoint import check_resume_config, newest_meta
+from trace_jax.train.chunked import make_step
 from trace_jax.train.loop import Budget, pool_of, refill_rows, step_spec, train
 from trace_jax.train.step import TrainState, apply_update, build_step, make_optimizer
 
@@ -258,9 +258,9 @@ def test_equal_cost_budgets_for_prefix_free_allocators(run_dirs):
     graphdef = nnx.graphdef(shd.init_policy(TINY, seed=0))
     tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm)
     pool = pool_of(hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed).batch(0))
-    # the probes below all run the trace 4x2 reference step: one jitted step per spec, traced and compiled once
-    step_of = functools.cache(lambda spec: build_step(graphdef, tx, spec))
-    probe = lambda spec: step_of(spec)(jax.tree.map(jnp.copy, state), env, pool, jax.random.key(cfg.seed + 1))[1]
+    # the probes below all run the trace 4x2 reference step: `make_step` builds it once per spec, as `train` does
+    probe = lambda spec: make_step(graphdef, tx, spec)(jax.tree.map(jnp.copy, state), env, pool,
+                                                       jax.random.key(cfg.seed + 1))[1]
     assert equal_cost_budget(dataclasses.replace(cfg, equal_cost="leaves"), probe) == (12, 0, 2)
     roots, n, g = equal_cost_budget(cfg, probe)
     # continuations start mid-episode: matching tokens costs fewer extra roots than matching leaves
