@@ -51,3 +51,38 @@ def test_every_shipped_config_loads(path):
     cls = SFTConfig if path.name == "hopworld_sft.yaml" else CompareConfig if "methods:" in path.read_text() \
         else TrainConfig
     load_config(cls, path)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("max_grad_norm=-1", r"train\.max_grad_norm must be positive, got -1"),  # optax would ascend the gradient
+    ("max_grad_norm=0", r"train\.max_grad_norm must be positive"),  # every update zeroed
+    ("temperature=.nan", r"train\.temperature must be positive, got nan"),
+    ("kl_coef=-0.1", r"train\.kl_coef must be >= 0"),
+    ("predictor_coef=-1", r"train\.predictor_coef must be >= 0"),
+    ("seed=-1", r"train\.seed must be >= 0"),
+    ("world.seed=-1", r"world\.seed must be >= 0"),
+    ("sft.seed=-1", r"sft\.seed must be >= 0"),
+    ("sft.batch_size=64", r"sft\.batch_size=64 exceeds sft\.episodes=32"),
+    ("pack_len=64", r"pack_len needs pack_rows > 0"),  # auto packs on a CPU only: elsewhere it would fail late
+    ("warmup.group_size=1", r"16 warm-up prompts exceeds pool_size=8: raise warmup\.group_size or pool_size"),
+    ("roots=32 warmup.group_size=4 max_roots_per_prompt=2",
+     r"pool_size=8 prompts x max_roots_per_prompt=2 cannot take train\.roots=32"),
+    ("search_qa.retriever.cache_dir=5", r"'search_qa\.retriever\.cache_dir': expected str, got 5"),
+    ("out_dir=@x", r"override 'out_dir=@x': '@x' is not a valid YAML value"),
+    ("roots=[1,", r"override 'roots=\[1,': '\[1,' is not a valid YAML value"),
+])
+def test_values_that_would_fail_late_or_train_wrongly_fail_at_load(override, message):
+    """Each fails when the config loads, naming the field, not after SFT, warm-up or the first step."""
+    base = ["pool_size=8", "sft.episodes=32"]
+    with pytest.raises(ValueError, match=message):
+        load_config(TrainConfig, None, [*base, *override.split()])
+    load_config(TrainConfig, None, base)  # the base itself loads
+    assert load_config(TrainConfig, None, ["search_qa.retriever.cache_dir=/tmp/c"]).search_qa.retriever.cache_dir \
+        == "/tmp/c"
+
+
+def test_compare_runs_hopworld_only():
+    from trace_jax.config import CompareConfig
+
+    with pytest.raises(ValueError, match="compare runs on HopWorld only"):
+        load_config(CompareConfig, None, ["train.env=search_qa"])

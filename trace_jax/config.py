@@ -89,6 +89,9 @@ def _default(field: dataclasses.Field) -> Any:
 
 
 def _coerce(kind: Any, value: Any, key: str) -> Any:
+    args = typing.get_args(kind)
+    if len(args) == 2 and type(None) in args:  # `T | None`: None, or a T
+        return None if value is None else _coerce(next(a for a in args if a is not type(None)), value, key)
     if kind is bool:
         if isinstance(value, bool):
             return value
@@ -128,7 +131,11 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         *parents, leaf = key.strip().split(".")
         for part in parents:
             node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(raw)
+        try:
+            node[leaf] = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise ValueError(f"override {item!r}: {raw!r} is not a valid YAML value ({e.problem}); quote a string "
+                             f"that starts with a YAML symbol, e.g. {key}='\"{raw}\"'") from e
     return out
 
 
@@ -160,8 +167,14 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 def _require_positive(cfg: Any, section: str, names: Sequence[str]) -> None:
     for name in names:
-        if getattr(cfg, name) <= 0:
+        if not getattr(cfg, name) > 0:  # NaN too
             raise ValueError(f"{section}.{name} must be positive, got {getattr(cfg, name)}")
+
+
+def _require_nonnegative(cfg: Any, section: str, names: Sequence[str]) -> None:
+    for name in names:
+        if not getattr(cfg, name) >= 0:  # NaN too
+            raise ValueError(f"{section}.{name} must be >= 0, got {getattr(cfg, name)}")
 
 
 def _hopworld_policy() -> ModelConfig:
@@ -195,12 +208,15 @@ class SFTConfig:
     log_every: int = 25  # steps between logged losses
 
     def __post_init__(self) -> None:
-        _require_positive(self, "sft", ("steps", "batch_size", "episodes", "eval_batch", "log_every"))
+        _require_positive(self, "sft", ("steps", "batch_size", "episodes", "eval_batch", "log_every", "learning_rate",
+                                        "eval_temperature"))
+        _require_nonnegative(self, "sft", ("seed", "weight_decay"))
         for name in ("mistake_prob", "wrong_answer_prob"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"sft.{name} must be in [0, 1], got {getattr(self, name)}")
-        if self.learning_rate <= 0:
-            raise ValueError(f"sft.learning_rate must be positive, got {self.learning_rate}")
+        if self.batch_size > self.episodes:
+            raise ValueError(f"sft.batch_size={self.batch_size} exceeds sft.episodes={self.episodes}: a batch draws "
+                             "distinct episodes; lower batch_size or raise episodes")
         if not 0 <= self.warmup_steps < self.steps:
             raise ValueError(f"sft.warmup_steps must be in [0, steps={self.steps}), got {self.warmup_steps}")
 
@@ -252,7 +268,7 @@ class TrainConfig:
     refill_slots: int = -1  # S_live > 0: roll out on S_live rows, each taking the next episode as its own ends;
     # 0: synchronous turns over all M*(1+N) slots; -1 (auto): 4 rows per data-parallel device on CPU, else 0
     temperature: float = 1.0  # sampling temperature of rollouts (the loss scores tokens at the same temperature)
-    top_p: float = 1.0  # nucleus sampling of rollouts (1: off)
+    top_p: float = 1.0  # nucleus sampling of rollouts (1: off); the loss scores tokens under the uncut distribution
     steps: int = 40  # RL steps (one expansion and one update each)
     learning_rate: float = 5e-5  # the policy's Adam learning rate
     max_grad_norm: float = 1.0  # global-norm gradient clipping, per optimizer group
@@ -269,7 +285,7 @@ class TrainConfig:
     warmup: WarmupConfig = WarmupConfig()  # the predictor warm-up before RL
     eval_every: int = 20  # steps between test-split evaluations (also at start and end)
     eval_batch: int = 128  # slots per evaluation rollout (one compilation)
-    eval_samples: int = 4  # sampled episodes per test question (more: less noisy success and calibration estimates)
+    eval_samples: int = 4  # HopWorld: sampled episodes per test question (search QA answers each once)
     checkpoint_every: int = 10  # steps between checkpoints (and at the end)
     keep_checkpoints: int = 3  # newest checkpoints kept
     seed: int = 0  # prompts, rollouts, warm-up and evaluation keys all derive from it
@@ -291,7 +307,9 @@ class TrainConfig:
         if self.equal_cost not in COST_MATCHING:
             raise ValueError(f"equal_cost={self.equal_cost!r} is not one of {list(COST_MATCHING)}")
         _require_positive(self, "train", ("pool_size", "roots", "group_size", "steps", "eval_every", "eval_batch",
-                                          "eval_samples", "checkpoint_every", "keep_checkpoints"))
+                                          "eval_samples", "checkpoint_every", "keep_checkpoints", "temperature",
+                                          "learning_rate", "head_learning_rate", "clip_eps", "max_grad_norm"))
+        _require_nonnegative(self, "train", ("seed", "kl_coef", "predictor_coef"))
         if self.roots < 2:
             raise ValueError(f"train.roots (M) must be >= 2 (a prompt needs two rollouts to contrast), "
                              f"got {self.roots}")
@@ -310,19 +328,25 @@ class TrainConfig:
         if self.roots // self.group_size > self.pool_size:
             raise ValueError(f"train.roots / group_size = {self.roots // self.group_size} prompts exceeds "
                              f"pool_size={self.pool_size}")
-        if not 0 < self.top_p <= 1 or self.temperature <= 0:
-            raise ValueError("train.temperature must be > 0 and train.top_p in (0, 1]")
-        if self.learning_rate <= 0 or self.clip_eps <= 0 or self.head_learning_rate <= 0:
-            raise ValueError("train.learning_rate, train.head_learning_rate and train.clip_eps must be positive")
-        if self.pack_rows < -1 or self.pack_len < 0 or (self.pack_len > 0 and not self.pack_rows):
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"train.top_p must be in (0, 1], got {self.top_p}")
+        if self.pack_rows < -1 or self.pack_len < 0 or (self.pack_len > 0 and self.pack_rows <= 0):
             raise ValueError(f"train.pack_rows={self.pack_rows} and train.pack_len={self.pack_len}: pack_rows > 0 "
                              "packs the update in that many rows (-1: auto, 0: off), pack_len > 0 sets their "
-                             "length (0: half the unpacked positions); pack_len needs pack_rows != 0")
+                             "length (0: half the unpacked positions); pack_len needs pack_rows > 0 (auto packs "
+                             "on a CPU only)")
         if self.pack_block < 1 or self.pack_len % self.pack_block:
             raise ValueError(f"train.pack_len={self.pack_len} must be a multiple of train.pack_block="
                              f"{self.pack_block} (>= 1): packed rows are laid in whole blocks")
         if self.roots % self.warmup.group_size:
             raise ValueError(f"warmup.group_size={self.warmup.group_size} must divide train.roots={self.roots}")
+        if self.warmup.batches and self.roots // self.warmup.group_size > self.pool_size:
+            raise ValueError(f"train.roots / warmup.group_size = {self.roots // self.warmup.group_size} warm-up "
+                             f"prompts exceeds pool_size={self.pool_size}: raise warmup.group_size or pool_size")
+        cap = self.max_roots_per_prompt
+        if cap and ALLOCATORS[self.allocator][0] == "trace" and self.pool_size * cap < self.roots:
+            raise ValueError(f"train.pool_size={self.pool_size} prompts x max_roots_per_prompt={cap} cannot take "
+                             f"train.roots={self.roots} roots: raise max_roots_per_prompt or pool_size")
 
 
     def _check_chunk(self) -> None:
@@ -363,3 +387,7 @@ class CompareConfig:
 
         _require_positive(self, "compare", ("seeds",))
         parse_methods(self.methods)
+        if self.train.env != "hopworld":
+            raise ValueError(f"compare runs on HopWorld only (its shared start builds the HopWorld base, warm-up and "
+                             f"evaluation), got train.env={self.train.env!r}; train search QA methods one by one "
+                             "with `trace-jax train`")

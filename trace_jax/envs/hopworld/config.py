@@ -24,6 +24,8 @@ class HopWorldConfig:
     obs_len: int = 34  # O: tokens of one observation
 
     def __post_init__(self) -> None:
+        if self.seed < 0:
+            raise ValueError(f"world.seed must be >= 0, got {self.seed}")
         if not 32 <= self.num_entities <= 512:
             raise ValueError(f"num_entities must be in [32, 512], got {self.num_entities}")
         if self.num_questions < 10:
