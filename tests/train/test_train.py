@@ -222,6 +222,19 @@ def test_resume_with_nothing_to_resume_fails_before_any_work(tmp_path, monkeypat
     assert "only applies with --resume" in capsys.readouterr().err
 
 
+def test_a_missing_base_policy_is_built_only_where_it_can_be_loaded(tmp_path, monkeypatch):
+    """SFT saves into <its out_dir>/checkpoints, so a missing init_checkpoint not named so would be built beside
+    it and then not found; it is refused before any SFT step, naming the path to set."""
+    monkeypatch.setattr(loop, "run_sft", lambda cfg: pytest.fail("SFT ran"))
+    with pytest.raises(FileNotFoundError, match=f"set init_checkpoint={tmp_path / 'my_base' / 'checkpoints'}"):
+        loop.base_policy(load_config(TrainConfig, None, [f"init_checkpoint={tmp_path / 'my_base'}"]))
+    built = []
+    monkeypatch.setattr(loop, "run_sft", lambda cfg: built.append(cfg.out_dir) or save_model(
+        Path(cfg.out_dir, "checkpoints"), 0, shd.init_policy(TINY, seed=0)))
+    loop.base_policy(load_config(TrainConfig, None, [f"init_checkpoint={tmp_path / 'my_base' / 'checkpoints'}"]))
+    assert built == [str(tmp_path / "my_base")]
+
+
 def test_resume_refuses_a_changed_config_unless_allowed(full_run, run_dirs, tmp_path, capsys, monkeypatch):
     run = tmp_path / "moved"
     shutil.copytree(full_run, run)  # a moved run: out_dir differs, which resume accepts
@@ -243,6 +256,11 @@ def test_resume_refuses_a_changed_config_unless_allowed(full_run, run_dirs, tmp_
                       "keep_checkpoints=1", "mesh.fsdp=2", f"data_dir={tmp_path / 'tfds'}")
     check_resume_config(extended, step, meta["config"], allow_change=False)
     assert "steps: 5 -> 8" in capsys.readouterr().out
+    # the budget is the checkpoint's: a resume that changes what sets it is refused even with the flag
+    rebudgeted = config(run_dirs, *FULL_STEPS, *paths, "roots=8", "allocator=grpo")
+    with pytest.raises(ValueError, match="start a new run") as refused:
+        check_resume_config(rebudgeted, step, meta["config"], allow_change=True)
+    assert "roots: 4 -> 8" in str(refused.value) and "allocator: 'trace' -> 'grpo'" in str(refused.value)
 
     monkeypatch.setattr(loop, "plot_metrics", lambda out, keys: out / "metrics.png")  # seconds of matplotlib
     assert main([*args, "learning_rate=0.02", "--allow-config-change"]) == 0  # steps=5: nothing left to train

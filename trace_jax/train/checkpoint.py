@@ -24,6 +24,10 @@ ITEMS = ("state", "meta")
 RESUMABLE_CHANGES = ("steps", "eval_every", "checkpoint_every", "keep_checkpoints", "out_dir", "checkpoint_dir",
                      "data_dir", "mesh", "chunk_slots", "refill_slots", "remat",
                      "pack_rows", "pack_len", "pack_block")
+# What sets a run's budget (M, N, G), fixed at its start (`loop.equal_cost_budget`) and restored from the checkpoint:
+# a resume cannot change them, even with --allow-config-change.
+BUDGET_KEYS = ("allocator", "roots", "continuations", "group_size", "equal_cost", "cost_reference",
+               "match_group_size")
 
 
 def run_checkpoints_dir(cfg: TrainConfig) -> epath.Path:
@@ -98,10 +102,16 @@ def newest_meta(directory: str | os.PathLike) -> tuple[int, dict[str, Any]]:
 
 def check_resume_config(cfg: TrainConfig, step: int, saved: Mapping[str, Any], allow_change: bool) -> None:
     """Refuse to continue checkpoint `step`, saved under config `saved`, with a different `cfg`: only the
-    RESUMABLE_CHANGES keys may differ, unless `allow_change`. Prints the changes it lets through."""
+    RESUMABLE_CHANGES keys may differ, unless `allow_change`; the BUDGET_KEYS never. Prints the changes it lets
+    through."""
     if cfg.steps < step:
         raise ValueError(f"--resume: steps={cfg.steps} is below the checkpoint's step {step}; set steps >= {step}")
     changes = _config_changes(saved, json.loads(json.dumps(to_dict(cfg))))  # as JSON stores it: tuples -> lists
+    budget = [k for k in changes if k in BUDGET_KEYS]
+    if budget:
+        raise ValueError(f"--resume: checkpoint {step} was trained at a budget these keys set, which a resumed run "
+                         "keeps:\n  " + "\n  ".join(_show(k, *changes[k]) for k in budget)
+                         + "\nrestore those values, or start a new run (another out_dir) with the new ones")
     refused = [k for k in changes if not any(k == r or k.startswith(f"{r}.") for r in RESUMABLE_CHANGES)]
     if refused and not allow_change:
         raise ValueError(f"--resume: the config differs from the one checkpoint {step} was saved with, so this would "

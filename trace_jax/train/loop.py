@@ -63,6 +63,10 @@ def base_policy(cfg: TrainConfig) -> Policy:
         raise FileNotFoundError(f"no base policy at {path}: a multi-host run starts from one; train it first "
                                 "(`trace-jax sft`) and set init_checkpoint to a path every host reads (gs://...)")
     if not path.exists():
+        if path.name != "checkpoints":  # `run_sft` saves into <its out_dir>/checkpoints
+            raise FileNotFoundError(f"no base policy at {path}, and it cannot be built there: an SFT run keeps its "
+                                    "checkpoints in <out_dir>/checkpoints; set init_checkpoint="
+                                    f"{path}/checkpoints to build one in {path}")
         print(f"train: no base policy at {path}; training it now (trace-jax sft)")
         run_sft(dataclasses.replace(cfg.sft, world=cfg.world, data_dir=cfg.data_dir, out_dir=str(path.parent)))
     return load_model(path)
