@@ -88,7 +88,7 @@ def test_quick_compare_end_to_end_from_raw_metrics(tmp_path, capsys):
     save_model(tmp_path / "base", 0, shd.init_policy(TINY_POLICY, seed=0))
     out = tmp_path / "cmp"
     args = [*QUICK_TINY, "seeds=1", "train.seed=3", f"train.init_checkpoint={tmp_path / 'base'}",
-            f"train.data_dir={tmp_path / 'tfds'}", f"out_dir={out}"]
+            f"train.data_dir={tmp_path / 'tfds'}", f"out_dir={out}", f"train.checkpoint_dir={tmp_path / 'ckpts'}"]
     assert main(["compare", "--quick", "--methods", "trace,grpo_matched", *args]) == 0
     for name in ("summary.json", "results.md", "success_vs_tokens.png", "effective_ratio.png", "reliability.png",
                  "budget.png"):
@@ -111,7 +111,9 @@ def test_quick_compare_end_to_end_from_raw_metrics(tmp_path, capsys):
     # a second call reuses the finished runs; a changed config in the same folder is refused by name
     assert main(["compare", "--quick", "--methods", "trace,grpo_matched", *args]) == 0
     assert "reusing it" in capsys.readouterr().out
-    # a run stopped midway (preempted: a checkpoint, no policy yet) is continued from its checkpoint
+    # each run checkpoints in its own folder under train.checkpoint_dir; a run stopped midway (preempted: a
+    # checkpoint, no policy yet) is continued from its checkpoint there
+    assert {p.name for p in (tmp_path / "ckpts").iterdir() if any(p.glob("seed3/*/meta"))} == {"trace", "grpo_matched"}
     shutil.rmtree(out / "runs/grpo_matched/seed3/policy")
     assert main(["compare", "--quick", "--methods", "trace,grpo_matched", *args]) == 0
     assert "compare: grpo_matched, seed 3 (resuming its newest checkpoint)" in capsys.readouterr().out

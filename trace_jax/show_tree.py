@@ -128,7 +128,7 @@ def show_run_tree(run_dir: str | Path, step: int | None = None, prompt: int | No
     if not (run / "policy").exists():
         raise FileNotFoundError(f"{run} holds no finished run (no {run / 'policy'}); pass a `trace-jax train` out_dir")
     cfg = load_config(TrainConfig, run / "config.yaml")
-    _, meta = newest_meta(run / "checkpoints")
+    _, meta = newest_meta(cfg.checkpoint_dir or run / "checkpoints")  # its budget, where the run kept it
     spec = step_spec(cfg, Budget(meta["roots"], meta["continuations"], meta["group_size"]))
     step = cfg.steps if step is None else step
     if step < 1:

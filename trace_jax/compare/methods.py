@@ -25,7 +25,7 @@ METHODS: dict[str, dict[str, Any]] = {
     "uniform_roots_trace_prefix": {"allocator": "uniform_roots_trace_prefix"},
 }
 METHOD_FIELDS = ("allocator", "match_group_size", "roots", "continuations")  # what methods may differ in
-RUN_FIELDS = ("out_dir",)  # where each run writes
+RUN_FIELDS = ("out_dir", "checkpoint_dir")  # where each run writes
 _BUDGET = re.compile(r"^(?P<name>[a-z_]+)@(?P<roots>\d+)x(?P<cont>\d+)$")
 
 

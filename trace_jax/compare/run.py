@@ -18,7 +18,7 @@ from trace_jax.config import CompareConfig, TrainConfig, WarmupConfig, from_dict
 from trace_jax.data.hopworld_tfds import build_dataset
 from trace_jax.envs.hopworld import build_world
 from trace_jax.envs.hopworld.env import HopWorldEnv
-from trace_jax.train.checkpoint import newest_meta
+from trace_jax.train.checkpoint import newest_meta, run_checkpoints_dir
 from trace_jax.train.loop import Evaluation, base_policy, evaluate, held_out_questions, placed, train, warm_up
 
 
@@ -38,9 +38,14 @@ def finished(out_dir: Path, cfg: TrainConfig, done: str) -> bool:
     return True
 
 
-def _has_checkpoint(out_dir: Path) -> bool:
+def run_checkpoint_dir(checkpoint_dir: str, method: str, seed: int) -> str:
+    """A run's own checkpoint folder under the comparison's train.checkpoint_dir ("": the run's out_dir's)."""
+    return f"{checkpoint_dir.rstrip('/')}/{method}/seed{seed}" if checkpoint_dir else ""
+
+
+def _has_checkpoint(cfg: TrainConfig) -> bool:
     try:
-        newest_meta(out_dir / "checkpoints")
+        newest_meta(run_checkpoints_dir(cfg))
     except FileNotFoundError:
         return False
     return True
@@ -77,13 +82,14 @@ def compare(ccfg: CompareConfig) -> dict:
         base = dataclasses.replace(ccfg.train, seed=seed)
         init, step0 = shared_start(base, out / "warmup" / f"seed{seed}")
         configs = {m: method_config(base, m, out_dir=str(run_dir(out, m, seed)), init_checkpoint=str(init),
+                                    checkpoint_dir=run_checkpoint_dir(base.checkpoint_dir, m, seed),
                                     warmup=WarmupConfig(batches=0)) for m in methods}
         check_fair(configs)
         for m, cfg in configs.items():
             if finished(Path(cfg.out_dir), cfg, "policy"):
                 print(f"compare: {m} seed {seed} already finished in {cfg.out_dir}; reusing it")
                 continue
-            partial = _has_checkpoint(Path(cfg.out_dir))  # a run stopped midway (preempted): continue it
+            partial = _has_checkpoint(cfg)  # a run stopped midway (preempted): continue it
             print(f"compare: {m}, seed {seed}" + (" (resuming its newest checkpoint)" if partial else ""))
             train(cfg, resume=partial, step0_eval=step0)
     summary = summarize(out, methods, seeds)
