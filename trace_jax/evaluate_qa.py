@@ -14,6 +14,7 @@ from trace_jax.allocation import one_episode_per_prompt
 from trace_jax.data.search_qa_prompts import QuestionSet
 from trace_jax.envs.search_qa.answers import score
 from trace_jax.envs.search_qa.env import SearchQAEnv
+from trace_jax.envs.search_qa.protocol import parse_action
 from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
@@ -24,15 +25,28 @@ METRICS = ("em", "f1", "sub_em")
 
 
 def responses(tree: Tree, tokenizer) -> list[str]:
-    """The policy's own tokens of each slot (observations left out), decoded: what the answer is read from."""
+    """The policy's own tokens of each slot (observations left out), decoded: what evaluation logs."""
     tokens, mask = np.asarray(tree.tokens), np.asarray(tree.policy_mask)
     return tokenizer.batch_decode([t[m].tolist() for t, m in zip(tokens, mask)], skip_special_tokens=True)
+
+
+def final_turns(tree: Tree, tokenizer) -> list[str]:
+    """The policy's tokens of each slot's last turn, decoded as the environment decodes an action: the turn whose
+    `<answer>` it rewarded ("" for a slot with no turn)."""
+    tokens, mask = np.asarray(tree.tokens), np.asarray(tree.policy_mask)
+    turns, bounds, prompt = np.asarray(tree.num_turns), np.asarray(tree.boundaries), np.asarray(tree.prompt_len)
+    rows = np.arange(len(turns))
+    start = np.where(turns >= 2, bounds[rows, np.maximum(turns - 2, 0)], prompt)
+    end = np.where(turns >= 1, bounds[rows, np.maximum(turns - 1, 0)], prompt)
+    return tokenizer.batch_decode([t[a:b][m[a:b]].tolist() for t, m, a, b in zip(tokens, mask, start, end)],
+                                  skip_special_tokens=True)
 
 
 def evaluate_set(model: Policy, env: SearchQAEnv, questions: QuestionSet, batch: int, key: jax.Array,
                  sampling: SamplingConfig, pad_id: int, mesh: Mesh | None = None
                  ) -> tuple[dict[str, float], list[dict]]:
-    """(mean EM, F1 and sub-EM over the set, one {"question", "response", "em", "f1", "sub_em"} per question): one
+    """(mean EM, F1 and sub-EM over the set, one {"question", "response", "em", "f1", "sub_em", "reward"} per
+    question; em is the reward the environment gave the episode): one
     episode per question, in fixed-size batches (one compilation). mesh: each batch's rows are split over its batch
     axes (each process's environment answers its own rows)."""
     totals = dict.fromkeys(METRICS, 0.0)
@@ -45,13 +59,16 @@ def evaluate_set(model: Policy, env: SearchQAEnv, questions: QuestionSet, batch:
         pool = jax.tree.map(jnp.asarray, pool) if mesh is None else shd.rows_on(pool, mesh)
         tree, _, _ = expand_host(model, env, pool, jax.random.fold_in(key, i), plan=plan, sampling=sampling,
                                  pad_id=pad_id, mesh=mesh)
-        texts = responses(shd.to_host(tree), env.tokenizer)
+        tree = shd.to_host(tree)
+        texts, finals = responses(tree, env.tokenizer), final_turns(tree, env.tokenizer)
         for slot in range(min(batch, n - lo)):  # slot s of this plan plays pool prompt s
             question = int(questions.ids[lo + slot])
-            scores = score(texts[slot], env.golds[question])
+            action = parse_action(finals[slot])
+            scores = score(action.content if action.kind == "answer" else None, env.golds[question])
             for k, v in scores.items():
                 totals[k] += v
-            answers.append({"question": question, "response": texts[slot], **scores})
+            answers.append({"question": question, "response": texts[slot], **scores,
+                            "reward": float(tree.reward[slot])})
     return {k: v / max(n, 1) for k, v in totals.items()}, answers
 
 

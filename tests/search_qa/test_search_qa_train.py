@@ -66,4 +66,5 @@ def test_trace_steps_a_dead_retriever_resume_evaluation_and_export(kit, serve, t
     assert "| weighted | 8 |" in (run / "eval" / "eval.md").read_text()
     answers = [json.loads(line) for line in (run / "eval" / "eval_answers.jsonl").read_text().splitlines()]
     assert [a["dataset"] for a in answers] == ["nq"] * 4 + ["hotpotqa"] * 4 and all(a["response"] for a in answers)
+    assert all(a["em"] == a["reward"] for a in logged + answers)  # EM is what the environment rewarded
     assert np.mean([a["f1"] for a in answers if a["dataset"] == "nq"]) == scores["eval/nq/f1"]

@@ -12,7 +12,6 @@ import re
 import string
 
 _PUNCTUATION = frozenset(string.punctuation)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 def normalize_answer(text: str) -> str:
@@ -27,9 +26,10 @@ def exact_match(prediction: str, golds: list[str]) -> float:
 
 
 def sub_exact_match(prediction: str, golds: list[str]) -> float:
-    """1.0 when a normalised gold answer is a substring of the normalised prediction."""
+    """1.0 when a normalised gold answer is a substring of the normalised prediction. Golds that normalise to
+    nothing ("The") are skipped: every prediction contains the empty string (Search-R1 counts them)."""
     pred = normalize_answer(prediction)
-    return float(any(normalize_answer(g) in pred for g in golds))
+    return float(any(gold and gold in pred for gold in map(normalize_answer, golds)))
 
 
 def f1(prediction: str, golds: list[str]) -> float:
@@ -48,19 +48,9 @@ def f1(prediction: str, golds: list[str]) -> float:
     return best
 
 
-def last_answer(response: str) -> str | None:
-    """The content of the last `<answer>...</answer>` in a response, stripped; None when there is none.
-
-    Search-R1 applies this to the prompt and response together and skips the first match (its
-    prompt shows an example answer); here it sees the policy's turns only, so every match counts.
-    """
-    matches = _ANSWER.findall(response)
-    return matches[-1].strip() if matches else None
-
-
-def score(response: str, golds: list[str]) -> dict[str, float]:
-    """em (the reward), sub_em and f1 of a whole response; all 0 when it gives no answer."""
-    answer = last_answer(response)
+def score(answer: str | None, golds: list[str]) -> dict[str, float]:
+    """em (the reward), sub_em and f1 of an episode's answer, the content of its final turn's `<answer>` as the
+    environment reads it (`protocol.parse_action`); all 0 when it gave none."""
     if answer is None:
         return {"em": 0.0, "sub_em": 0.0, "f1": 0.0}
     return {"em": exact_match(answer, golds), "sub_em": sub_exact_match(answer, golds), "f1": f1(answer, golds)}

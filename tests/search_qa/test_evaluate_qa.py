@@ -1,0 +1,43 @@
+"""Search QA evaluation scores an episode's final turn as the environment rewarded it."""
+
+import dataclasses
+
+import numpy as np
+
+from trace_jax.envs.search_qa.protocol import parse_action
+from trace_jax.evaluate_qa import final_turns, responses
+from trace_jax.rollout.tree import Tree
+
+
+class Chars:
+    """A tokenizer of one character per id."""
+
+    def batch_decode(self, ids: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        return ["".join(map(chr, row)) for row in ids]
+
+
+def episode(prompt: str, turns: list[tuple[str, str]], length: int) -> dict:
+    """One slot's arrays: the prompt, then each (action, observation) turn."""
+    tokens, policy, bounds = list(map(ord, prompt)), [False] * len(prompt), []
+    for action, obs in turns:
+        tokens += map(ord, action + obs)
+        policy += [True] * len(action) + [False] * len(obs)
+        bounds.append(len(tokens))
+    pad = length - len(tokens)
+    return {"tokens": tokens + [0] * pad, "policy_mask": policy + [False] * pad, "prompt_len": len(prompt),
+            "boundaries": bounds + [Tree.NO_TURN] * (3 - len(bounds)), "num_turns": len(turns)}
+
+
+def test_final_turn_is_the_rewarded_action():
+    # turn 1 cut off at the action length (invalid, so observed), turn 2 closing the tag: the environment saw two
+    # invalid turns (reward 0), though the joined response holds "<answer> Paris </answer>"
+    slots = [episode("Q?", [("<answer> Par", "[invalid]"), ("is </answer>", "")], 64),
+             episode("Q?", [("<answer> Par", "[invalid]"), ("<answer>Lyon</answer>", "")], 64),
+             episode("Q?", [("<search>x</search>", "<information>d</information>")], 64),
+             episode("Q?", [], 64)]
+    arrays = {k: np.asarray([s[k] for s in slots]) for k in slots[0]}
+    tree = dataclasses.replace(Tree.empty(4, 64, 3, 0), **arrays)
+    assert responses(tree, Chars())[0] == "<answer> Paris </answer>"
+    finals = final_turns(tree, Chars())
+    assert finals == ["is </answer>", "<answer>Lyon</answer>", "<search>x</search>", ""]
+    assert [parse_action(f).kind for f in finals] == ["invalid", "answer", "search", "invalid"]
