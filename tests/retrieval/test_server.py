@@ -97,7 +97,9 @@ def test_cache_answers_without_the_server(index, tmp_path):
 
 
 class Flaky:
-    """A server that answers its first `failures` requests with `fault`, then correctly (1 hit per query)."""
+    """A server that answers its first `failures` requests with `fault`, then correctly (1 hit per query). Faults:
+    500 and 429 (status codes), malformed, wrong_count (bodies), slow (sleeps `delay` first), drip (the body a byte
+    each 20 ms, every read well within a socket timeout), short (the body cut 10 bytes before its Content-Length)."""
 
     def __init__(self, fault: str, failures: int, delay: float = 0.0):
         self.calls = 0
@@ -110,8 +112,8 @@ class Flaky:
                 failing = flaky.calls <= failures
                 if failing and fault == "slow":
                     time.sleep(delay)
-                if failing and fault == "500":
-                    body, status = b'{"error": "boom"}', 500
+                if failing and fault in ("500", "429"):
+                    body, status = b'{"error": "boom"}', int(fault)
                 elif failing and fault == "malformed":
                     body, status = b'{"result": [[{"document": 3}]', 200
                 elif failing and fault == "wrong_count":
@@ -122,10 +124,13 @@ class Flaky:
                     hits = [[{"document": {"id": q, "contents": f'"{q}"\nt'}, "score": 1.0}] for q in queries]
                     body, status = json.dumps({"result": hits}).encode(), 200
                 self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Length", str(len(body) + 10 * (failing and fault == "short")))
                 self.end_headers()
                 with contextlib.suppress(OSError):  # the client gave up (timeout)
-                    self.wfile.write(body)
+                    for i in range(0, len(body), 1 if failing and fault == "drip" else len(body)):
+                        self.wfile.write(body[i:i + (1 if failing and fault == "drip" else len(body))])
+                        self.wfile.flush()
+                        time.sleep(0.02 if failing and fault == "drip" else 0.0)
 
             def log_message(self, *args):
                 pass
@@ -140,7 +145,7 @@ class Flaky:
         self.server.server_close()
 
 
-@pytest.mark.parametrize("fault", ["500", "malformed", "wrong_count", "slow"])
+@pytest.mark.parametrize("fault", ["500", "429", "malformed", "wrong_count", "slow", "drip", "short"])
 def test_client_retries_faults_then_succeeds(fault):
     flaky = Flaky(fault, failures=2, delay=1.0)
     client = RetrieverClient(RetrieverConfig(url=flaky.url, retries=2, backoff_s=0.01, timeout_s=0.3))
@@ -149,7 +154,7 @@ def test_client_retries_faults_then_succeeds(fault):
     flaky.close()
 
 
-@pytest.mark.parametrize("fault", ["500", "malformed", "slow"])
+@pytest.mark.parametrize("fault", ["500", "malformed", "slow", "drip", "short"])
 def test_client_gives_up_in_bounded_time_naming_the_url(fault):
     flaky = Flaky(fault, failures=100, delay=2.0)
     client = RetrieverClient(RetrieverConfig(url=flaky.url, retries=2, backoff_s=0.01, timeout_s=0.3))

@@ -2,13 +2,15 @@
 on-disk cache.
 
 Every call either returns within about `timeout_s * (retries + 1) + backoff` seconds or raises
-`RetrieverError` naming the URL: a training run never hangs on a dead retriever.
+`RetrieverError` naming the URL: a training run never hangs on a dead retriever. An attempt that has not
+received its whole response within `timeout_s` is abandoned and retried, however slowly the bytes arrive.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import http.client
 import json
 import sqlite3
 import threading
@@ -28,7 +30,7 @@ class RetrieverConfig:
 
     url: str = "http://127.0.0.1:8000/retrieve"  # the /retrieve endpoint (Search-R1's protocol)
     topk: int = 3  # passages per query
-    timeout_s: float = 30.0  # per HTTP request
+    timeout_s: float = 30.0  # per HTTP request, connecting to the whole response
     retries: int = 3  # further attempts after a failed request
     backoff_s: float = 0.5  # wait before retry r: backoff_s * 2**r
     batch_size: int = 256  # queries per HTTP request
@@ -85,6 +87,22 @@ class _Cache:
                                  [(k, json.dumps(v)) for k, v in items.items()])
 
 
+RETRIED_CODES = (408, 429)  # request timeout, too many requests: the same request may succeed later
+
+
+def _read_by(response: http.client.HTTPResponse, deadline: float) -> bytes:
+    """The response's body, or TimeoutError once `deadline` (time.monotonic) passes: the socket's timeout bounds
+    each read, not a server that sends a byte at a time."""
+    parts = []
+    while chunk := response.read1(1 << 16):
+        parts.append(chunk)
+        if time.monotonic() > deadline:
+            raise TimeoutError("the response did not arrive within timeout_s")
+    if response.length:  # bytes its Content-Length promised and the connection closed before (read1 only stops)
+        raise http.client.IncompleteRead(b"".join(parts), response.length)
+    return b"".join(parts)
+
+
 class RetrieverClient:
     def __init__(self, cfg: RetrieverConfig):
         self.cfg = cfg
@@ -98,16 +116,18 @@ class RetrieverClient:
             if attempt:
                 time.sleep(cfg.backoff_s * 2 ** (attempt - 1))
             request = urllib.request.Request(cfg.url, data=body, headers={"Content-Type": "application/json"})
+            deadline = time.monotonic() + cfg.timeout_s
             try:
                 with urllib.request.urlopen(request, timeout=cfg.timeout_s) as response:
-                    result = _check_response(json.loads(response.read()), len(queries))
+                    result = _check_response(json.loads(_read_by(response, deadline)), len(queries))
                 return result
             except urllib.error.HTTPError as e:
-                if e.code < 500:  # the request itself is wrong: retrying repeats it
+                if e.code < 500 and e.code not in RETRIED_CODES:  # the request itself is wrong: retrying repeats it
                     raise RetrieverError(f"retriever at {cfg.url} rejected the request: HTTP {e.code} "
                                          f"{e.read()[:300]!r}") from None
                 error = e
-            except (OSError, ValueError) as e:  # refused, reset, timed out, malformed JSON or shape
+            # refused, reset, timed out, cut short or garbled (http.client), malformed JSON or shape
+            except (OSError, http.client.HTTPException, ValueError) as e:
                 error = e
         raise RetrieverError(f"retriever at {cfg.url} failed {cfg.retries + 1} times; last error: {error!r}. "
                              "Is it running? Start one with `trace-jax retrieve serve --index DIR --port P`, "
