@@ -3,6 +3,7 @@
 import dataclasses
 
 import numpy as np
+import pytest
 
 from trace_jax.envs.search_qa.protocol import parse_action
 from trace_jax.evaluate_qa import final_turns, responses
@@ -41,3 +42,20 @@ def test_final_turn_is_the_rewarded_action():
     finals = final_turns(tree, Chars())
     assert finals == ["is </answer>", "<answer>Lyon</answer>", "<search>x</search>", ""]
     assert [parse_action(f).kind for f in finals] == ["invalid", "answer", "search", "invalid"]
+
+
+def test_an_evaluation_set_with_no_question_that_fits_is_refused(tokenizer, monkeypatch):
+    """Its EM would read 0 and pull the average over datasets down."""
+    from trace_jax.data import search_qa_prompts
+    from trace_jax.envs.search_qa.config import SearchQAConfig
+
+    rows = {"train": [{"question": "Who?", "golden_answers": ["a"]}],
+            "test": [{"question": "who " * 300, "golden_answers": ["b"]}]}
+    monkeypatch.setattr(search_qa_prompts, "build_qa", lambda *args: None)
+    monkeypatch.setattr(search_qa_prompts, "read_qa", lambda data_dir, dataset, split: rows[split])
+    load = lambda datasets: search_qa_prompts.load_questions(SearchQAConfig(eval_datasets=datasets), "unused",
+                                                             tokenizer, 0)
+    with pytest.raises(ValueError, match="no nq evaluation question fits search_qa.prompt_len=256"):
+        load(("nq",))
+    rows["test"].append({"question": "Where?", "golden_answers": ["c"]})
+    assert len(load(("nq",)).evals["nq"].ids) == 1

@@ -75,4 +75,8 @@ def load_questions(cfg: SearchQAConfig, data_dir: str | Path, tokenizer: PreTrai
         evals[d] = encode(rows[: cfg.eval_questions or None])
     if len(train.ids) == 0:
         raise ValueError(f"no training question fits search_qa.prompt_len={cfg.prompt_len}; raise it")
+    empty = [d for d, qs in evals.items() if len(qs.ids) == 0]
+    if empty:  # it would score 0 and pull the average down
+        raise ValueError(f"no {empty[0]} evaluation question fits search_qa.prompt_len={cfg.prompt_len}; raise it "
+                         "or leave the dataset out of search_qa.eval_datasets")
     return Questions(train, evals, golds, skipped)
