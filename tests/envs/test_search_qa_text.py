@@ -37,8 +37,9 @@ def test_em_sub_em_f1():
 def test_score():
     assert score(None, ["Paris"]) == {"em": 0.0, "sub_em": 0.0, "f1": 0.0}  # no answer given
     assert score("the paris", ["Paris"]) == {"em": 1.0, "sub_em": 1.0, "f1": 1.0}
-    # a gold answer that normalises to nothing is skipped by sub-EM (every string contains the empty one)
+    # a gold answer that normalises to nothing sub-matches only an answer that does too (every string contains "")
     assert score("Berlin", ["The", "Paris"])["sub_em"] == 0.0 and score("Berlin", ["The", "Berlin"])["sub_em"] == 1.0
+    assert score("the", ["The"]) == {"em": 1.0, "sub_em": 1.0, "f1": 1.0}
 
 
 @pytest.mark.parametrize("turn, action", [

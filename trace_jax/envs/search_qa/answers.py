@@ -26,10 +26,11 @@ def exact_match(prediction: str, golds: list[str]) -> float:
 
 
 def sub_exact_match(prediction: str, golds: list[str]) -> float:
-    """1.0 when a normalised gold answer is a substring of the normalised prediction. Golds that normalise to
-    nothing ("The") are skipped: every prediction contains the empty string (Search-R1 counts them)."""
+    """1.0 when a normalised gold answer is a substring of the normalised prediction. A gold that normalises to
+    nothing ("The") matches only a prediction that does too, as in EM: every string contains the empty one, so
+    Search-R1 counts it a match for any prediction."""
     pred = normalize_answer(prediction)
-    return float(any(gold and gold in pred for gold in map(normalize_answer, golds)))
+    return float(any(gold in pred if gold else not pred for gold in map(normalize_answer, golds)))
 
 
 def f1(prediction: str, golds: list[str]) -> float:
