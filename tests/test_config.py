@@ -63,6 +63,7 @@ def test_every_shipped_config_loads(path):
     ("world.seed=-1", r"world\.seed must be >= 0"),
     ("sft.seed=-1", r"sft\.seed must be >= 0"),
     ("sft.batch_size=64", r"sft\.batch_size=64 exceeds sft\.episodes=32"),
+    ("sft.eval_temperature=-1", r"sft\.eval_temperature must be >= 0"),  # 0 is greedy: loads (below)
     ("pack_len=64", r"pack_len needs pack_rows > 0"),  # auto packs on a CPU only: elsewhere it would fail late
     ("warmup.group_size=1", r"16 warm-up prompts exceeds pool_size=8: raise warmup\.group_size or pool_size"),
     ("roots=32 warmup.group_size=4 max_roots_per_prompt=2",
@@ -76,7 +77,7 @@ def test_values_that_would_fail_late_or_train_wrongly_fail_at_load(override, mes
     base = ["pool_size=8", "sft.episodes=32"]
     with pytest.raises(ValueError, match=message):
         load_config(TrainConfig, None, [*base, *override.split()])
-    load_config(TrainConfig, None, base)  # the base itself loads
+    assert load_config(TrainConfig, None, [*base, "sft.eval_temperature=0"]).sft.eval_temperature == 0  # base loads
     assert load_config(TrainConfig, None, ["search_qa.retriever.cache_dir=/tmp/c"]).search_qa.retriever.cache_dir \
         == "/tmp/c"
 

@@ -208,9 +208,8 @@ class SFTConfig:
     log_every: int = 25  # steps between logged losses
 
     def __post_init__(self) -> None:
-        _require_positive(self, "sft", ("steps", "batch_size", "episodes", "eval_batch", "log_every", "learning_rate",
-                                        "eval_temperature"))
-        _require_nonnegative(self, "sft", ("seed", "weight_decay"))
+        _require_positive(self, "sft", ("steps", "batch_size", "episodes", "eval_batch", "log_every", "learning_rate"))
+        _require_nonnegative(self, "sft", ("seed", "weight_decay", "eval_temperature"))  # eval_temperature 0: greedy
         for name in ("mistake_prob", "wrong_answer_prob"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"sft.{name} must be in [0, 1], got {getattr(self, name)}")
