@@ -168,6 +168,24 @@ def test_prefix_counts_is_optimal(data):
         assert np.sum(1 - qs ** k[cells]) >= best - 1e-5
 
 
+def test_a_saturated_predictor_spreads_the_budget_as_an_uninformed_one():
+    """V~ 0 or 1 on a whole pool (or a whole group's anchors), or NaN, makes every allocation worth 0: the solvers
+    then spread as at V~ = 0.5, where their tie-breaks would put all M roots on prompt 0 and a group's budget on its
+    first anchor. One informative prompt or anchor is enough to be solved as it is."""
+    uninformed = np.asarray(root_counts_jit(jnp.full(6, 0.5), 8))
+    assert sorted(uninformed.tolist()) == [0, 0, 0, 2, 3, 3]
+    for v in ([0.0] * 6, [1.0] * 6, [0.0, 1.0] * 3, [float("nan")] * 6):
+        assert np.asarray(root_counts_jit(jnp.asarray(v, jnp.float32), 8)).tolist() == uninformed.tolist(), v
+    assert np.asarray(root_counts_jit(jnp.asarray([1.0] * 5 + [0.7]), 8)).tolist() == [0, 0, 0, 0, 0, 8]
+    # stage 2: group 0's anchors all at q = 1 spread round-robin; group 1 has one anchor that can flip
+    q = jnp.array([[1.0, 1.0, 1.0], [1.0, 1.0, 0.5]])
+    valid, group = jnp.ones((2, 3), bool), jnp.array([0, 1])
+    k, unspent = prefix_counts_jit(q, valid, group, jnp.array([6, 2]), 6)
+    assert np.asarray(k).tolist() == [[2, 2, 2], [0, 0, 2]] and np.asarray(unspent).tolist() == [0, 0]
+    k, _ = prefix_counts_jit(jnp.full((2, 3), jnp.nan), valid, group, jnp.array([6, 2]), 6)
+    assert np.asarray(k).tolist() == [[2, 2, 2], [1, 1, 0]]
+
+
 def test_prefix_counts_reports_what_it_cannot_place():
     q = jnp.array([[0.5, 0.5], [0.2, 0.9]])
     valid = jnp.array([[True, False], [False, False]])

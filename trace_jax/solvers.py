@@ -19,10 +19,13 @@ def _stage1_values(v: jax.Array, num_roots: int, max_per_prompt: int) -> jax.Arr
     -inf above max_per_prompt.
 
     f is symmetric in v <-> 1-v; with w = min(v, 1-v) it is -expm1(m log1p(-w)) - w^m, accurate in float32
-    even for w near 0 (no cancellation of 1 - (1-w)^m). NaN v counts as 0.
+    even for w near 0 (no cancellation of 1 - (1-w)^m). NaN v counts as 0. A pool where every w is 0 (V~ 0 or 1
+    everywhere, a saturated head) says nothing about which prompt to open: every count vector is then optimal
+    and the tie-break would put all M roots on one prompt, so it is solved as V~ = 0.5 (the uninformed spread).
     """
     v = jnp.clip(jnp.nan_to_num(v.astype(jnp.float32)), 0.0, 1.0)[:, None]
     w = jnp.minimum(v, 1.0 - v)  # [B, 1]
+    w = jnp.where((w == 0.0).all(), 0.5, w)
     m = jnp.arange(num_roots + 1, dtype=jnp.float32)
     f = -jnp.expm1(m * jnp.log1p(-w)) - w ** m
     return jnp.where(m == 0, 0.0, jnp.where((m == 1) | (m > max_per_prompt), -jnp.inf, f))
@@ -77,6 +80,8 @@ def prefix_counts(q: jax.Array, valid: jax.Array, group: jax.Array, budget: jax.
     valid [R, T]: usable anchors; group [R]: group of root r (-1: none); budget [G] >= 0;
     max_per_anchor: static cap Kmax on any K (the solver sorts R*T*Kmax candidate units).
     1 - q^K is concave in K, so the top budget[g] marginal gains q^k (1-q) within each group are optimal.
+    NaN q counts as 1 (no chance to flip). A group whose every usable anchor has q = 1 (a saturated head) has
+    only zero gains, which the tie-break would pile on its first anchor: it is solved as q = 0.5 (spread evenly).
     Returns (K, unspent [G]): budget a group could not place (no valid anchors, or all at the cap).
     """
     r, t = q.shape
@@ -90,9 +95,12 @@ def prefix_counts(q: jax.Array, valid: jax.Array, group: jax.Array, budget: jax.
     if bv is not None and (bv < 0).any():
         raise ValueError(f"budget has negative entries: {bv[bv < 0][:5].tolist()}")
     num_groups = budget.shape[0]
-    q = jnp.clip(q.astype(jnp.float32), 0.0, 1.0)
-    gain = q[..., None] ** jnp.arange(max_per_anchor, dtype=jnp.float32) * (1.0 - q[..., None])
+    q = jnp.clip(jnp.nan_to_num(q.astype(jnp.float32), nan=1.0), 0.0, 1.0)
     usable = valid & (group >= 0)[:, None] & (group < num_groups)[:, None]
+    seg = jnp.where((group >= 0) & (group < num_groups), group, num_groups)  # [R]
+    chance = jax.ops.segment_max(jnp.where(usable, 1.0 - q, 0.0).max(1), seg, num_groups + 1)  # [G+1]
+    q = jnp.where((chance[seg] > 0.0)[:, None], q, 0.5)
+    gain = q[..., None] ** jnp.arange(max_per_anchor, dtype=jnp.float32) * (1.0 - q[..., None])
     key = jnp.broadcast_to(jnp.where(usable, group[:, None], num_groups)[..., None], gain.shape)
     order = jnp.arange(gain.size, dtype=jnp.int32)
     # equal gains go to the lower (root, turn) first, so a chunk of whole groups solves like the whole batch
