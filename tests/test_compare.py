@@ -70,6 +70,10 @@ def test_success_is_read_at_equal_cumulative_tokens(tmp_path):
     assert s["methods"]["a"]["mean"]["success_at_tokens"] == pytest.approx(np.mean(a))
     assert s["methods"]["a"]["std"]["success_at_tokens"] == pytest.approx(np.std(a, ddof=1))
     assert s["methods"]["b"]["mean"]["success_end"] == pytest.approx((0.6 + 0.9) / 2)
+    # a run with no evaluation (cut short before step 0's was logged) is named, not a bare max() error
+    _log(tmp_path / "runs/c/seed0", {}, [50] * 2)
+    with pytest.raises(ValueError, match=r"runs/c/seed0: no test evaluation \(eval/success\)"):
+        summarize(tmp_path, ["a", "c"], [0])
 
 
 def _evals(run, step: int) -> dict:

@@ -58,7 +58,9 @@ def run_stats(rows: Sequence[dict], tokens_at: float) -> dict[str, float]:
         values = [r[key] for r in steps if r.get(key) is not None]
         out[key] = float(np.mean(values)) if values else None
     # the effective ratio is a share of the opened prompts; this counts them (one prompt opened: at most 1)
-    out["mixed_prompts"] = float(np.mean([r["effective_ratio"] * r["prompts"] for r in steps]))
+    mixed = [r["effective_ratio"] * r["prompts"] for r in steps
+             if r.get("effective_ratio") is not None and r.get("prompts") is not None]
+    out["mixed_prompts"] = float(np.mean(mixed)) if mixed else None
     return out
 
 
@@ -66,6 +68,10 @@ def summarize(out_dir: str | Path, methods: Sequence[str], seeds: Sequence[int])
     """{"tokens_at": T*, "seeds": [...], "methods": {m: {"runs": {seed: stats}, "mean": {...}, "std": {...}}}}
     from out_dir/runs/<method>/seed<s>/metrics.jsonl; std is the sample std over seeds (0 for one seed)."""
     raw = {(m, s): read_metrics(Path(out_dir) / "runs" / m / f"seed{s}") for m in methods for s in seeds}
+    for (m, s), rows in raw.items():
+        if not any(r.get("eval/success") is not None for r in rows):
+            raise ValueError(f"{Path(out_dir) / 'runs' / m / f'seed{s}'}: no test evaluation (eval/success) in its "
+                             "metrics.jsonl, so it cannot be compared; run the comparison again to finish it")
     tokens_at = min(float(run_curves(rows)["tokens"][-1]) for rows in raw.values())
     result = {"tokens_at": tokens_at, "seeds": list(seeds), "methods": {}}
     for m in methods:
