@@ -286,6 +286,7 @@ def test_equal_cost_budgets_for_prefix_free_allocators(run_dirs):
     probe = lambda spec: make_step(graphdef, tx, spec)(jax.tree.map(jnp.copy, state), env, pool,
                                                        jax.random.key(cfg.seed + 1))[1]
     assert equal_cost_budget(dataclasses.replace(cfg, equal_cost="leaves"), probe) == (12, 0, 2)
+    assert equal_cost_budget(dataclasses.replace(cfg, equal_cost="none"), probe) == (4, 0, 2)  # M as configured
     roots, n, g = equal_cost_budget(cfg, probe)
     # continuations start mid-episode: matching tokens costs fewer extra roots than matching leaves
     assert n == 0 and g == cfg.group_size and roots % g == 0 and cfg.roots <= roots <= 12
