@@ -6,6 +6,7 @@ continuation shares its parent's nodes up to its branch and owns the later ones;
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -121,14 +122,14 @@ def show_run_tree(run_dir: str | Path, step: int | None = None, prompt: int | No
     from trace_jax.envs.hopworld import build_world
     from trace_jax.envs.hopworld.env import HopWorldEnv
     from trace_jax.rollout.expand import expand_tree
-    from trace_jax.train.checkpoint import newest_meta
+    from trace_jax.train.checkpoint import newest_meta, run_checkpoints_dir
     from trace_jax.train.loop import Budget, pool_of, step_spec
 
     run = Path(run_dir)
     if not (run / "policy").exists():
         raise FileNotFoundError(f"{run} holds no finished run (no {run / 'policy'}); pass a `trace-jax train` out_dir")
     cfg = load_config(TrainConfig, run / "config.yaml")
-    _, meta = newest_meta(cfg.checkpoint_dir or run / "checkpoints")  # its budget, where the run kept it
+    _, meta = newest_meta(run_checkpoints_dir(dataclasses.replace(cfg, out_dir=str(run))))  # its budget (a moved run)
     spec = step_spec(cfg, Budget(meta["roots"], meta["continuations"], meta["group_size"]))
     step = cfg.steps if step is None else step
     if step < 1:

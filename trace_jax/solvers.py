@@ -96,17 +96,17 @@ def prefix_counts(q: jax.Array, valid: jax.Array, group: jax.Array, budget: jax.
         raise ValueError(f"budget has negative entries: {bv[bv < 0][:5].tolist()}")
     num_groups = budget.shape[0]
     q = jnp.clip(jnp.nan_to_num(q.astype(jnp.float32), nan=1.0), 0.0, 1.0)
-    usable = valid & (group >= 0)[:, None] & (group < num_groups)[:, None]
-    seg = jnp.where((group >= 0) & (group < num_groups), group, num_groups)  # [R]
+    seg = jnp.where((group >= 0) & (group < num_groups), group, num_groups)  # [R] each root's group, G: none
+    usable = valid & (seg < num_groups)[:, None]
     chance = jax.ops.segment_max(jnp.where(usable, 1.0 - q, 0.0).max(1), seg, num_groups + 1)  # [G+1]
     q = jnp.where((chance[seg] > 0.0)[:, None], q, 0.5)
     gain = q[..., None] ** jnp.arange(max_per_anchor, dtype=jnp.float32) * (1.0 - q[..., None])
-    key = jnp.broadcast_to(jnp.where(usable, group[:, None], num_groups)[..., None], gain.shape)
+    key = jnp.broadcast_to(jnp.where(usable, seg[:, None], num_groups)[..., None], gain.shape)
     order = jnp.arange(gain.size, dtype=jnp.int32)
     # equal gains go to the lower (root, turn) first, so a chunk of whole groups solves like the whole batch
     key_s, _, unit_s = jax.lax.sort((key.reshape(-1), -gain.reshape(-1), order), num_keys=3)
     rank = jnp.arange(gain.size) - jnp.searchsorted(key_s, key_s, side="left")
     take = (key_s < num_groups) & (rank < budget[jnp.minimum(key_s, num_groups - 1)])
     k = jnp.zeros(gain.size, jnp.int32).at[unit_s].set(take).reshape(gain.shape).sum(-1)
-    spent = jax.ops.segment_sum(k.sum(1), jnp.where(group >= 0, group, num_groups), num_groups + 1)
+    spent = jax.ops.segment_sum(k.sum(1), seg, num_groups + 1)
     return k, budget.astype(jnp.int32) - spent[:num_groups]
