@@ -167,6 +167,51 @@ def test_layer_reads_end_with_what_the_success_head_reads():
                                                                axis=1), atol=1e-5)
 
 
+def test_tower_starts_as_the_policys_own_read():
+    """Untrained, a Tower over the frozen layers below its copies gives the policy's final hidden state (top 1 and 2
+    of 3 layers) and V~ = 0.5; training it leaves the policy's parameters as they were."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from trace_jax.bench.contrast import Tower, below_top
+
+    model = init_policy(dataclasses.replace(TINY_POLICY, num_layers=3), 0)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, TINY_POLICY.vocab_size, (3, 12)), jnp.int32)
+    for top in (1, 2):
+        tower = Tower(model, top)
+        x = below_top(model, tokens, top)
+        np.testing.assert_allclose(tower.hidden(x), model(tokens).hidden, atol=1e-5)
+        np.testing.assert_array_equal(tower(x, jnp.zeros((3, 2), jnp.int32)), 0.0)
+    before = np.array(model.layers[2].mlp.down_proj[...])
+    tower.layers[-1].mlp.down_proj[...] += 1.0  # a copy: the policy's own layer is another array
+    np.testing.assert_array_equal(model.layers[2].mlp.down_proj[...], before)
+
+
+def test_tower_learns_what_its_read_position_sees_and_nothing_it_does_not():
+    """Outcomes set by the token at each slot's first turn boundary: the fitted Tower ranks the held-out slots' turn
+    nodes by it (AUC > 0.9), and scores their prompt nodes, which are read before that token, at chance. So it reads
+    each node at its own position, causally, and is scored on slots it was not fitted on."""
+    import dataclasses
+
+    import jax.numpy as jnp
+
+    from toy import make_tree
+    from trace_jax.bench.contrast import tower_report
+
+    s, width = 256, 32
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, TINY_POLICY.vocab_size, (s, width)).astype(np.int32)
+    tokens[:, 9] = rng.integers(0, 8, s)  # the first turn ends at 10: its node is read at 9
+    won = tokens[:, 9] < 4
+    tree = make_tree(np.arange(s), np.full(s, 2), won, width=width)
+    tree = dataclasses.replace(tree, tokens=jnp.asarray(tokens), prompt_len=jnp.full((s,), 4, jnp.int32))
+    held = np.arange(s) % 4 == 0
+    r = tower_report(init_policy(TINY_POLICY, 0), tree, held, batch=64, steps=120, learning_rate=1e-2)
+    assert r["prefix_auc_tower"] > 0.9
+    assert 0.35 < r["root_auc_tower"] < 0.65
+
+
 def test_probes_find_linear_and_nonlinear_signal():
     """A logistic probe finds a label linear in one feature and misses an XOR of two; the MLP probe finds both."""
     from trace_jax.bench.contrast import probe_auc
@@ -195,9 +240,13 @@ def test_contrast_bench_runs_end_to_end(tmp_path, capsys):
             f"world.max_turns={w.max_turns}", "pool_size=4", "roots=4", "continuations=1",
             "group_size=2", "eval_batch=16", "warmup.batches=1", "warmup.fit_steps=20",
             f"init_checkpoint={tmp_path / 'base'}", f"data_dir={tmp_path / 'tfds'}"]
-    assert main(["bench", "contrast", *args, "--samples", "3", "--group", "2", "--probes"]) == 0
+    assert main(["bench", "contrast", *args, "--samples", "3", "--group", "2", "--probes",
+                 "--tower-steps", "3"]) == 0
     printed = capsys.readouterr().out
     assert re.search(r"probes of the base policy .*: layer 1 [\d.]+, all layers [\d.]+, MLP on all layers [\d.]+",
+                     printed)
+    assert re.search(r"top layer .* \(3 minibatches\): prefix AUC [\d.]+ on the held-out quarter \([\d.]+ on the "
+                     r"questions it was fitted on\), root AUC [\d.]+; the turn nodes' world state scores [\d.]+",
                      printed)
     assert "mixed groups of 2" in printed and "warmed-up head" in printed
     assert re.search(r"perfect predictor of each question's success rate [\d.]+ ± [\d.]+ \(rates ~ Beta", printed)

@@ -91,7 +91,8 @@ def _bench_contrast(args: argparse.Namespace) -> int:
     from trace_jax.bench.contrast import run_contrast_bench
     from trace_jax.config import TrainConfig, load_config
 
-    run_contrast_bench(load_config(TrainConfig, args.config, args.overrides), args.samples, args.group, args.probes)
+    run_contrast_bench(load_config(TrainConfig, args.config, args.overrides), args.samples, args.group, args.probes,
+                       args.tower_steps)
     return 0
 
 
@@ -388,7 +389,10 @@ def build_parser() -> argparse.ArgumentParser:
     contrast.add_argument("--samples", type=_positive_int, default=9, help="episodes per test question (K)")
     contrast.add_argument("--group", type=_positive_int, default=8, help="group size G (< K)")
     contrast.add_argument("--probes", action="store_true",
-                          help="also fit probes of the base policy's hidden states for the turn nodes' outcomes")
+                          help="also fit probes of the base policy's hidden states for the turn nodes' outcomes, and "
+                               "a predictor with a trainable copy of its top layer")
+    contrast.add_argument("--tower-steps", type=_positive_int, default=800,
+                          help="minibatches (16 episodes each) of that predictor's fit")
     contrast.set_defaults(func=_bench_contrast)
     retr = bench.add_parser("retriever", help="queries/s of the BM25 /retrieve server on a synthetic corpus")
     retr.add_argument("--passages", type=_positive_int, default=100_000)

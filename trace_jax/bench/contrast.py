@@ -17,7 +17,10 @@ question. Printed:
 - with `--probes`, the prefix AUC of probes of the frozen base policy on the turn nodes of every fourth question,
   fitted on the other questions' turn nodes (so, like the head, they are scored on questions they were not fitted
   on): a logistic regression on the hidden state after each layer at the node's read position, one on all layers
-  at once, and a one-hidden-layer MLP on all layers: how much of the knowable state a read of the base policy holds.
+  at once, and a one-hidden-layer MLP on all layers: how much of the knowable state a read of the base policy holds;
+  and a predictor with features of its own (`Tower`: a trainable copy of the top layer over the frozen layers below),
+  fitted on the same questions' episodes: its prefix AUC on the held-out questions and on the questions it was fitted
+  on (how much of what it learns carries to new prompts).
 """
 
 from __future__ import annotations
@@ -194,11 +197,92 @@ def probe_report(model: Policy, tree: Tree, slot: np.ndarray, turn: np.ndarray, 
     return out
 
 
-def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = True, probes: bool = False
-                    ) -> dict[str, float]:
+class Tower(nnx.Module):
+    """A predictor with features of its own: a trainable copy of the base policy's top `top` layers and final norm,
+    over the frozen layers below, with a zero-initialised success head (V~ = 0.5 before training)."""
+
+    def __init__(self, model: Policy, top: int) -> None:
+        self.layers = nnx.List([nnx.clone(layer) for layer in list(model.layers)[len(model.layers) - top:]])
+        self.norm = nnx.clone(model.norm)
+        self.kernel = nnx.Param(jnp.zeros((model.cfg.hidden_size,), jnp.float32))
+        self.bias = nnx.Param(jnp.zeros((), jnp.float32))
+
+    def hidden(self, x: jax.Array) -> jax.Array:
+        """[S, L, D] normed output of the copied layers for their input x [S, L, D] (causal)."""
+        where = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
+        for layer in self.layers:
+            x, _ = layer(x, where, None, None)
+        return self.norm(x)
+
+    def __call__(self, x: jax.Array, reads: jax.Array) -> jax.Array:
+        """[S, P] logits of V~ at positions reads [S, P]."""
+        h = jnp.take_along_axis(self.hidden(x), reads[..., None], axis=1).astype(jnp.float32)
+        return h @ self.kernel[...] + self.bias[...]
+
+
+@nnx.jit(static_argnames="top")
+def below_top(model: Policy, tokens: jax.Array, top: int) -> jax.Array:
+    """[S, L, D] input to the top `top` layers of tokens [S, L] (the frozen features a `Tower` reads)."""
+    where = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    x = jnp.take(model.embed_tokens[...], tokens, axis=0).astype(model.cfg.jnp_dtype)
+    for layer in list(model.layers)[: len(model.layers) - top]:
+        x, _ = layer(x, where, None, None)
+    return x
+
+
+@nnx.jit
+def _tower_step(tower: Tower, opt: nnx.Optimizer, x: jax.Array, reads: jax.Array, won: jax.Array,
+                nodes: jax.Array) -> jax.Array:
+    def loss(t: Tower) -> jax.Array:
+        per = optax.sigmoid_binary_cross_entropy(t(x, reads), won[:, None])
+        return jnp.sum(per * nodes) / jnp.maximum(nodes.sum(), 1.0)
+
+    value, grads = nnx.value_and_grad(loss)(tower)
+    opt.update(tower, grads)
+    return value
+
+
+_tower_logits = nnx.jit(lambda tower, x, reads: tower(x, reads))
+
+
+def tower_report(model: Policy, tree: Tree, held: np.ndarray, batch: int, top: int = 1, steps: int = 800,
+                 rows: int = 16, learning_rate: float = 1e-3) -> dict[str, float]:
+    """root_auc_tower, prefix_auc_tower (the held [S] slots), prefix_auc_tower_fit (the others): a `Tower` fitted by
+    AdamW on the log loss of every node of the other slots (prompt and non-final turns) against its episode's
+    outcome, `steps` minibatches of `rows` slots."""
+    reads = np.asarray(tree.read_positions())  # [S, T+1]
+    tokens = np.asarray(tree.tokens)[:, : int(reads.max()) + 1]
+    x = np.concatenate([np.asarray(below_top(model, jnp.asarray(tokens[i:i + batch]), top))
+                        for i in range(0, len(tokens), batch)])
+    won = np.asarray(tree.reward) > 0.5
+    nodes = np.arange(reads.shape[1])[None, :] < np.asarray(tree.num_turns)[:, None]  # [S, T+1]
+    tower = Tower(model, top)
+    opt = nnx.Optimizer(tower, optax.adamw(learning_rate, weight_decay=1e-2), wrt=nnx.Param)
+    fit, rng = np.nonzero(~held)[0], np.random.default_rng(0)
+    for _ in range(steps):
+        i = rng.choice(fit, min(rows, len(fit)), replace=False)
+        _tower_step(tower, opt, jnp.asarray(x[i]), jnp.asarray(reads[i]), jnp.asarray(won[i], jnp.float32),
+                    jnp.asarray(nodes[i], jnp.float32))
+    score = np.concatenate([np.asarray(_tower_logits(tower, jnp.asarray(x[i:i + batch]),
+                                                     jnp.asarray(reads[i:i + batch])))
+                            for i in range(0, len(x), batch)])  # [S, T+1] logits
+    prefix = nodes & (np.arange(reads.shape[1]) > 0)
+    won_nodes = np.broadcast_to(won[:, None], nodes.shape)
+
+    def area(mask: np.ndarray) -> float:
+        return float(auc(jnp.asarray(score[mask]), jnp.asarray(won_nodes[mask]), jnp.ones(int(mask.sum()), bool)))
+
+    root = np.zeros_like(nodes)
+    root[:, 0] = True
+    return {"root_auc_tower": area(root & held[:, None]), "prefix_auc_tower": area(prefix & held[:, None]),
+            "prefix_auc_tower_fit": area(prefix & ~held[:, None])}
+
+
+def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = True, probes: bool = False,
+                    tower_steps: int = 800) -> dict[str, float]:
     """The figures above as a dict: success_hop{h}, mixed_at_group, auc_question_mean, auc_hop_rate,
     prefix_auc_state, prefix_nodes, auc_head and prefix_auc_head (after the warm-up; absent when warmup is False), and
-    `probe_report`'s prefix_auc_probe_* (probes: True)."""
+    `probe_report`'s prefix_auc_probe_* and `tower_report`'s figures after tower_steps minibatches (probes: True)."""
     from trace_jax.train.loop import base_policy, held_out_questions, warm_up
     from trace_jax.train.warmup import read_hidden
 
@@ -221,6 +305,10 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
     out["prefix_nodes"] = int(held.sum())
     if probes:  # before the warm-up: the base policy as it is
         out |= probe_report(model, tree, slot, turn, won, slot // samples % 4 == 0, cfg.eval_batch)
+        quarter = np.arange(len(tree.reward)) // samples % 4 == 0  # [S] the probes' held-out questions' slots
+        out["prefix_auc_state_quarter"] = state_rate_auc(states, won, quarter[slot])
+        out |= tower_report(model, tree, quarter, cfg.eval_batch, steps=tower_steps)
+        out["tower_steps"] = tower_steps
     if warmup and cfg.warmup.batches:
         warm_up(cfg, model, env)
         rows = np.arange(len(questions)) * samples + samples - 1  # each question's held-out episode
@@ -235,8 +323,9 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
     return out
 
 
-def run_contrast_bench(cfg: TrainConfig, samples: int, group: int, probes: bool = False) -> dict[str, float]:
-    r = contrast_report(cfg, samples, group, probes=probes)
+def run_contrast_bench(cfg: TrainConfig, samples: int, group: int, probes: bool = False, tower_steps: int = 800
+                       ) -> dict[str, float]:
+    r = contrast_report(cfg, samples, group, probes=probes, tower_steps=tower_steps)
     hops = [k for k in r if k.startswith("success_hop")]
     print(f"base policy {cfg.init_checkpoint}, {samples} episodes per test question at temperature {cfg.temperature}")
     print("success per hop: " + ", ".join(f"{k[len('success_hop'):]}: {100 * r[k]:.1f}%" for k in hops))
@@ -257,4 +346,9 @@ def run_contrast_bench(cfg: TrainConfig, samples: int, group: int, probes: bool 
               "the others': "
               + ", ".join(f"layer {k[len('prefix_auc_probe_layer'):]} {r[k]:.3f}" for k in layers)
               + f", all layers {r['prefix_auc_probe_all']:.3f}, MLP on all layers {r['prefix_auc_probe_mlp']:.3f}")
+        print(f"a trainable copy of the top layer over the frozen others, fitted on the others' episodes "
+              f"({r['tower_steps']} minibatches): prefix AUC {r['prefix_auc_tower']:.3f} on the held-out quarter "
+              f"({r['prefix_auc_tower_fit']:.3f} on the questions it was fitted on), "
+              f"root AUC {r['root_auc_tower']:.3f}; "
+              f"the turn nodes' world state scores {r['prefix_auc_state_quarter']:.3f} on that quarter")
     return r
