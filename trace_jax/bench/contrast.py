@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from tqdm.auto import tqdm
 
 from trace_jax.config import TrainConfig
 from trace_jax.data.hopworld_tfds import build_dataset
@@ -259,7 +260,7 @@ def tower_report(model: Policy, tree: Tree, held: np.ndarray, batch: int, top: i
     tower = Tower(model, top)
     opt = nnx.Optimizer(tower, optax.adamw(learning_rate, weight_decay=1e-2), wrt=nnx.Param)
     fit, rng = np.nonzero(~held)[0], np.random.default_rng(0)
-    for _ in range(steps):
+    for _ in tqdm(range(steps), desc="tower fit", leave=False):
         i = rng.choice(fit, min(rows, len(fit)), replace=False)
         _tower_step(tower, opt, jnp.asarray(x[i]), jnp.asarray(reads[i]), jnp.asarray(won[i], jnp.float32),
                     jnp.asarray(nodes[i], jnp.float32))
