@@ -248,6 +248,8 @@ def test_contrast_bench_runs_end_to_end(tmp_path, capsys):
     assert re.search(r"top layer .* \(3 minibatches\): prefix AUC [\d.]+ on the held-out quarter \([\d.]+ on the "
                      r"questions it was fitted on\), root AUC [\d.]+; the turn nodes' world state scores [\d.]+",
                      printed)
+    assert re.search(r"fitted on the training split's \d+ questions x 2 episodes: prefix AUC [\d.]+ on the test "
+                     r"questions' episodes \([\d.]+ on the training questions'\), root AUC [\d.]+", printed)
     assert "mixed groups of 2" in printed and "warmed-up head" in printed
     assert re.search(r"perfect predictor of each question's success rate [\d.]+ ± [\d.]+ \(rates ~ Beta", printed)
     assert re.search(r"prefix AUC over \d+ turn nodes of the held-out episodes: .* [\d.]+, warmed-up head [\d.]+",

@@ -20,10 +20,13 @@ question. Printed:
   at once, and a one-hidden-layer MLP on all layers: how much of the knowable state a read of the base policy holds;
   and a predictor with features of its own (`Tower`: a trainable copy of the top layer over the frozen layers below),
   fitted on the same questions' episodes: its prefix AUC on the held-out questions and on the questions it was fitted
-  on (how much of what it learns carries to new prompts).
+  on (how much of what it learns carries to new prompts); and the same fitted on every training question's episodes
+  (ten times the prompts), scored on the test questions'.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +45,7 @@ from trace_jax.models.qwen3 import Policy
 from trace_jax.objectives import auc
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.tree import Tree
+from trace_jax.sft import split_questions
 
 
 def contrast_figures(reward: np.ndarray, hops: np.ndarray, group: int) -> dict[str, float]:
@@ -244,6 +248,7 @@ def _tower_step(tower: Tower, opt: nnx.Optimizer, x: jax.Array, reads: jax.Array
 
 
 _tower_logits = nnx.jit(lambda tower, x, reads: tower(x, reads))
+TOWER_TRAIN_EPISODES = 2  # episodes of each training question when the Tower is fitted on the training split
 
 
 def tower_report(model: Policy, tree: Tree, held: np.ndarray, batch: int, top: int = 1, steps: int = 800,
@@ -310,6 +315,15 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
         out["prefix_auc_state_quarter"] = state_rate_auc(states, won, quarter[slot])
         out |= tower_report(model, tree, quarter, cfg.eval_batch, steps=tower_steps)
         out["tower_steps"] = tower_steps
+        # the same fit on many more prompts: every training question's episodes, scored on the test questions'
+        train_q = split_questions(dataclasses.replace(cfg.sft, world=cfg.world, data_dir=cfg.data_dir), "train")
+        fitted = rollout_questions(model, env, np.repeat(train_q, TOWER_TRAIN_EPISODES), cfg.eval_batch,
+                                   jax.random.key(cfg.seed + 12), sampling)
+        both = jax.tree.map(lambda a, b: np.concatenate([a, b]), fitted, tree)
+        wide = tower_report(model, both, np.arange(len(both.reward)) >= len(fitted.reward), cfg.eval_batch,
+                            steps=tower_steps)
+        out |= {f"{k}_train_split": v for k, v in wide.items()}
+        out["tower_train_questions"] = len(train_q)
     if warmup and cfg.warmup.batches:
         warm_up(cfg, model, env)
         rows = np.arange(len(questions)) * samples + samples - 1  # each question's held-out episode
@@ -352,4 +366,9 @@ def run_contrast_bench(cfg: TrainConfig, samples: int, group: int, probes: bool 
               f"({r['prefix_auc_tower_fit']:.3f} on the questions it was fitted on), "
               f"root AUC {r['root_auc_tower']:.3f}; "
               f"the turn nodes' world state scores {r['prefix_auc_state_quarter']:.3f} on that quarter")
+        print(f"the same fitted on the training split's {r['tower_train_questions']} questions x "
+              f"{TOWER_TRAIN_EPISODES} episodes: prefix AUC {r['prefix_auc_tower_train_split']:.3f} on the test "
+              f"questions' episodes "
+              f"({r['prefix_auc_tower_fit_train_split']:.3f} on the training questions'), "
+              f"root AUC {r['root_auc_tower_train_split']:.3f}")
     return r
