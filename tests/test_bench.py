@@ -169,7 +169,7 @@ def test_layer_reads_end_with_what_the_success_head_reads():
 
 def test_tower_starts_as_the_policys_own_read():
     """Untrained, a Tower over the frozen layers below its copies gives the policy's final hidden state (top 1 and 2
-    of 3 layers) and V~ = 0.5; training it leaves the policy's parameters as they were."""
+    of 3 layers) and V~ = 0.5; its layers are copies (changing one leaves the policy's layer as it was)."""
     import dataclasses
 
     import jax.numpy as jnp

@@ -272,14 +272,13 @@ def tower_report(model: Policy, tree: Tree, held: np.ndarray, batch: int, top: i
     score = np.concatenate([np.asarray(_tower_logits(tower, jnp.asarray(x[i:i + batch]),
                                                      jnp.asarray(reads[i:i + batch])))
                             for i in range(0, len(x), batch)])  # [S, T+1] logits
-    prefix = nodes & (np.arange(reads.shape[1]) > 0)
+    root = np.broadcast_to(np.arange(reads.shape[1]) == 0, nodes.shape)
+    prefix = nodes & ~root
     won_nodes = np.broadcast_to(won[:, None], nodes.shape)
 
     def area(mask: np.ndarray) -> float:
         return float(auc(jnp.asarray(score[mask]), jnp.asarray(won_nodes[mask]), jnp.ones(int(mask.sum()), bool)))
 
-    root = np.zeros_like(nodes)
-    root[:, 0] = True
     return {"root_auc_tower": area(root & held[:, None]), "prefix_auc_tower": area(prefix & held[:, None]),
             "prefix_auc_tower_fit": area(prefix & ~held[:, None])}
 
@@ -310,8 +309,8 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
     out["prefix_auc_state"] = state_rate_auc(states, won, held)
     out["prefix_nodes"] = int(held.sum())
     if probes:  # before the warm-up: the base policy as it is
-        out |= probe_report(model, tree, slot, turn, won, slot // samples % 4 == 0, cfg.eval_batch)
         quarter = np.arange(len(tree.reward)) // samples % 4 == 0  # [S] the probes' held-out questions' slots
+        out |= probe_report(model, tree, slot, turn, won, quarter[slot], cfg.eval_batch)
         out["prefix_auc_state_quarter"] = state_rate_auc(states, won, quarter[slot])
         out |= tower_report(model, tree, quarter, cfg.eval_batch, steps=tower_steps)
         out["tower_steps"] = tower_steps
