@@ -57,8 +57,11 @@ def kit(tmp_path_factory):
 # worker starts on a contiguous share of the collection and steals from the end of the longest queue, so a long
 # test left at the end of a share runs alone at the end of the session; these are dealt round-robin to the front of
 # the shares instead. The search QA training test and the bring-your-checkpoint notebook land on one worker, in
-# that order: the notebook then reuses the training test's compiled programs.
+# that order: the notebook then reuses the training test's compiled programs. The SIGKILL test goes first: it builds
+# the 5-step run that two other tests of its module compare with (`full_run`, about 50 s) at the very start, so no
+# worker reaches one of those while the other builds it and waits for it idle.
 LONGEST = (
+    "tests/train/test_train.py::test_sigkill_then_resume_reproduces_the_uninterrupted_run",
     "tests/test_notebooks.py::test_quickstart_and_compare_run_top_to_bottom",
     "tests/test_compare.py::test_quick_compare_end_to_end_from_raw_metrics",
     "tests/search_qa/test_search_qa_train.py::test_trace_steps_a_dead_retriever_resume_evaluation_and_export",
