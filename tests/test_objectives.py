@@ -227,9 +227,12 @@ def test_calibration():
     assert np.isclose(ece, (0.1 + 0.85) / 5)
     perfect = calibration(targets, targets, jnp.ones_like(targets))
     assert np.allclose(perfect, 0.0)
+    assert np.isnan(calibration(pred, targets, jnp.zeros_like(weight))).all()  # no node: undefined, not perfect
     report = jax.jit(calibration_report)(pred, targets, weight)
     assert np.isclose(report["root_brier"], 0.0025) and np.isclose(report["root_ece"], 0.05)
     assert np.isclose(report["prefix_brier"], (2 * 0.0025 + 0.9025) / 3)
+    roots_only = calibration_report(pred, targets, weight.at[:, 1:].set(0.0))
+    assert np.isclose(roots_only["root_ece"], 0.05) and np.isnan(roots_only["prefix_ece"])
 
 
 def test_ece_floor_is_the_binomial_expectation():
@@ -254,10 +257,16 @@ def test_auc_matches_pairwise_counting(seed):
     score = rng.choice([0.1, 0.3, 0.5, 0.5, 0.7, rng.uniform()], size=(6, 5)).astype(np.float32)
     label = rng.uniform(size=(6, 5)) < 0.4
     mask = rng.uniform(size=(6, 5)) < 0.8
+    mask[0, 0] = False  # at least one masked entry
     pos, neg = score[mask & label], score[mask & ~label]
     expected = np.mean([(p > n) + 0.5 * (p == n) for p in pos for n in neg])
     assert np.isclose(jax.jit(auc)(jnp.asarray(score), jnp.asarray(label), jnp.asarray(mask)), expected, atol=1e-6)
-    assert float(auc(jnp.asarray(score), jnp.zeros((6, 5), bool), jnp.asarray(mask))) == 0.5  # one class only
+    assert np.isnan(auc(jnp.asarray(score), jnp.zeros((6, 5), bool), jnp.asarray(mask)))  # one class: undefined
+    # a NaN read (a diverged predictor) under the mask makes it undefined too, not ranked; outside it, ignored
+    nan_at = np.argwhere(mask)[0]
+    assert np.isnan(auc(jnp.asarray(score).at[tuple(nan_at)].set(jnp.nan), jnp.asarray(label), jnp.asarray(mask)))
+    ignored = jnp.asarray(score).at[0, 0].set(jnp.nan)
+    assert np.isclose(auc(ignored, jnp.asarray(label), jnp.asarray(mask)), expected, atol=1e-6)
 
 
 def test_auc_past_two_to_the_31_pairs():
@@ -279,4 +288,4 @@ def test_solve_rates_and_predictor_report():
     rates = {k: float(v) for k, v in solve_rates(all_lost).items()}
     assert rates == {"solve_all": 0.5, "solve_none": 0.5, "solve_partial": 0.0}
     report = predictor_report(all_lost)
-    assert float(report["root_auc"]) == 1.0 and float(report["prefix_auc"]) == 0.5  # no prefix reads
+    assert float(report["root_auc"]) == 1.0 and np.isnan(report["prefix_auc"])  # no prefix reads

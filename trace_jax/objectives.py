@@ -209,8 +209,10 @@ def reliability_bins(pred: jax.Array, targets: jax.Array, weight: jax.Array, bin
 
 def calibration(pred: jax.Array, targets: jax.Array, weight: jax.Array, bins: int = 10
                 ) -> tuple[jax.Array, jax.Array]:
-    """(Brier score, expected calibration error over `bins` equal-width bins of pred), weighted."""
-    total = jnp.maximum(weight.sum(), 1e-12)
+    """(Brier score, expected calibration error over `bins` equal-width bins of pred), weighted; both NaN when no
+    node has weight (e.g. prefix reads of episodes that all ended at their first turn), not a perfect 0."""
+    weight_sum = weight.sum()
+    total = jnp.where(weight_sum > 0, weight_sum, jnp.nan)
     brier = jnp.sum(weight * (pred - targets) ** 2) / total
     count, mean_pred, mean_target = reliability_bins(pred, targets, weight, bins)
     return brier, jnp.sum(count * jnp.abs(mean_pred - mean_target)) / total
@@ -249,15 +251,18 @@ def solve_rates(tree: Tree) -> dict[str, jax.Array]:
 
 def auc(score: jax.Array, label: jax.Array, mask: jax.Array) -> jax.Array:
     """Area under the ROC curve of `score` for binary `label` over `mask` (any equal shapes): the chance a
-    positive outscores a negative, ties counting half (Mann-Whitney U). 0.5 when a class is empty."""
+    positive outscores a negative, ties counting half (Mann-Whitney U). NaN where it is undefined: a class is empty
+    or a score under the mask is NaN (a diverged predictor), so a log never shows chance or better for it (logs
+    write NaN as null, and summaries skip it)."""
     mask = mask.reshape(-1)
+    undefined = jnp.any(mask & jnp.isnan(score.reshape(-1)))
     x = jnp.where(mask, score.reshape(-1).astype(jnp.float32), jnp.inf)  # masked entries rank last
     ordered = jnp.sort(x)
     rank = (jnp.searchsorted(ordered, x, side="left") + jnp.searchsorted(ordered, x, side="right") + 1) / 2.0
     pos = mask & label.reshape(-1).astype(bool)
     n_pos, n_neg = pos.sum().astype(jnp.float32), (mask & ~pos).sum().astype(jnp.float32)  # products pass 2^31
     u = jnp.sum(jnp.where(pos, rank, 0.0)) - n_pos * (n_pos + 1) / 2.0
-    return jnp.where((n_pos > 0) & (n_neg > 0), u / jnp.maximum(n_pos * n_neg, 1), 0.5)
+    return jnp.where((n_pos > 0) & (n_neg > 0) & ~undefined, u / jnp.maximum(n_pos * n_neg, 1), jnp.nan)
 
 
 def predictor_report(tree: Tree) -> dict[str, jax.Array]:
