@@ -274,6 +274,27 @@ def test_resume_refuses_a_changed_config_unless_allowed(full_run, run_dirs, tmp_
     assert load_config(TrainConfig, run / "config.yaml").learning_rate == 0.02
 
 
+def test_equal_cost_probes_the_cost_reference_allocator(tmp_path):
+    """The probe runs `cost_reference`'s tree at the run's (M, N) and pool, and M follows its tokens per root rollout
+    (a probe that records what it is asked: nothing is compiled)."""
+    from trace_jax.train.loop import equal_cost_budget
+
+    asked = []
+
+    def probe(spec):
+        asked.append((spec.plan.allocator.name, spec.plan.roots, spec.plan.continuations))
+        return {"generated_tokens": 600, "root_generated_tokens": 240, "leaves": 12, "prompts": 3}
+
+    for reference in ("trace", "uniform_tree", "random_tree"):
+        cfg = config(tmp_path, "allocator=pcl", "roots=4", "continuations=2", "pool_size=8",
+                     f"cost_reference={reference}")
+        assert equal_cost_budget(cfg, probe) == (10, 0, 2)  # 600 tokens at 240 / 4 = 60 a root: 10 roots
+        assert asked[-1] == (reference, 4, 2)
+        assert equal_cost_budget(dataclasses.replace(cfg, match_group_size=True), probe) == (8, 0, 4)  # 12 / 3
+    with pytest.raises(ValueError, match="cost_reference='grpo' must be a tree allocator"):
+        config(tmp_path, "cost_reference=grpo")
+
+
 def test_equal_cost_budgets_for_prefix_free_allocators(run_dirs):
     from trace_jax.train.loop import equal_cost_budget
 
