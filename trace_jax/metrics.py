@@ -60,7 +60,8 @@ class MetricsLogger:
     the older files' events at steps > k (and in any case shows the latest value per step).
 
     With `active=False` (the processes of a multi-host run other than 0) it writes nothing at all.
-    `on_log(step, metrics)`, when given, sees each row it writes (e.g. a notebook's live plots).
+    `on_log(step, metrics)`, when given, sees each row it writes, as floats (NaN where the file has null; e.g. a
+    notebook's live plots).
     """
 
     def __init__(self, out_dir: str | Path, resume_from_step: int | None = None, active: bool = True,

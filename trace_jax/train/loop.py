@@ -268,8 +268,8 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
           ) -> dict[str, float]:
     """Run RL; returns the last step's metrics. Everything lands under cfg.out_dir.
 
-    on_log(step, metrics): called in process 0 with each row written to metrics.jsonl (step 0: the warm-up and the
-    starting evaluation), e.g. to redraw live plots in a notebook.
+    on_log(step, metrics): called in process 0 with each row written to metrics.jsonl as floats (NaN where it has
+    null; step 0: the warm-up and the starting evaluation), e.g. to redraw live plots in a notebook.
 
     step0_eval: `evaluate` of the starting policy at step 0, when the caller has it already (a comparison's
     methods share their starting policy and evaluation keys); computed here when None.
