@@ -59,3 +59,33 @@ def test_an_evaluation_set_with_no_question_that_fits_is_refused(tokenizer, monk
         load(("nq",))
     rows["test"].append({"question": "Where?", "golden_answers": ["c"]})
     assert len(load(("nq",)).evals["nq"].ids) == 1
+
+
+def test_several_training_datasets_make_one_set_each_question_with_its_own_answers(tokenizer, monkeypatch):
+    """search_qa.train_datasets with two datasets: their train splits in order, each prompt and gold its own
+    question's; each evaluation dataset on its test split, or dev where it has none."""
+    from trace_jax.data import search_qa_prompts
+    from trace_jax.envs.search_qa.config import SearchQAConfig
+
+    rows = {("nq", "train"): [{"question": "Who wrote Ulysses?", "golden_answers": ["Joyce"]},
+                              {"question": "Where is Lyon?", "golden_answers": ["France"]}],
+            ("hotpotqa", "train"): [{"question": "When was Ada born?", "golden_answers": ["1815"]}],
+            ("nq", "test"): [{"question": "Who?", "golden_answers": ["Bob"]}],
+            ("hotpotqa", "dev"): [{"question": "When?", "golden_answers": ["1901", "MCMI"]}]}
+
+    def read_qa(data_dir, dataset, split):
+        if (dataset, split) not in rows:
+            raise ValueError(f"no {split} split")
+        return rows[dataset, split]
+
+    monkeypatch.setattr(search_qa_prompts, "build_qa", lambda *args: None)
+    monkeypatch.setattr(search_qa_prompts, "read_qa", read_qa)
+    both = ("nq", "hotpotqa")
+    q = search_qa_prompts.load_questions(SearchQAConfig(train_datasets=both, eval_datasets=both), "unused",
+                                         tokenizer, 0)
+    train = rows["nq", "train"] + rows["hotpotqa", "train"]
+    assert [q.golds[i] for i in q.train.ids] == [r["golden_answers"] for r in train]
+    prompts = tokenizer.batch_decode([t[:n] for t, n in zip(q.train.tokens, q.train.lengths)])
+    assert all(r["question"] in p for r, p in zip(train, prompts, strict=True))
+    evals = {d: [q.golds[i] for i in s.ids] for d, s in q.evals.items()}
+    assert evals == {"nq": [["Bob"]], "hotpotqa": [["1901", "MCMI"]]}
