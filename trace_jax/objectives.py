@@ -252,8 +252,8 @@ def solve_rates(tree: Tree) -> dict[str, jax.Array]:
 def auc(score: jax.Array, label: jax.Array, mask: jax.Array) -> jax.Array:
     """Area under the ROC curve of `score` for binary `label` over `mask` (any equal shapes): the chance a
     positive outscores a negative, ties counting half (Mann-Whitney U). NaN where it is undefined: a class is empty
-    or a score under the mask is NaN (a diverged predictor), so a log never shows chance or better for it (logs
-    write NaN as null, and summaries skip it)."""
+    or a score under the mask is NaN (a diverged predictor); logs write it as null and summaries skip it, where a
+    0.5 would read as chance."""
     mask = mask.reshape(-1)
     undefined = jnp.any(mask & jnp.isnan(score.reshape(-1)))
     x = jnp.where(mask, score.reshape(-1).astype(jnp.float32), jnp.inf)  # masked entries rank last
