@@ -26,8 +26,6 @@ question. Printed:
 
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,7 +43,6 @@ from trace_jax.models.qwen3 import Policy
 from trace_jax.objectives import auc
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.tree import Tree
-from trace_jax.sft import split_questions
 
 
 def contrast_figures(reward: np.ndarray, hops: np.ndarray, group: int) -> dict[str, float]:
@@ -288,7 +285,7 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
     """The figures above as a dict: success_hop{h}, mixed_at_group, auc_question_mean, auc_hop_rate,
     prefix_auc_state, prefix_nodes, auc_head and prefix_auc_head (after the warm-up; absent when warmup is False), and
     `probe_report`'s prefix_auc_probe_* and `tower_report`'s figures after tower_steps minibatches (probes: True)."""
-    from trace_jax.train.loop import base_policy, held_out_questions, warm_up
+    from trace_jax.train.loop import base_policy, held_out_questions, split_question_ids, warm_up
     from trace_jax.train.warmup import read_hidden
 
     if samples < group + 1 or group < 2:
@@ -315,7 +312,7 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
         out |= tower_report(model, tree, quarter, cfg.eval_batch, steps=tower_steps)
         out["tower_steps"] = tower_steps
         # the same fit on many more prompts: every training question's episodes, scored on the test questions'
-        train_q = split_questions(dataclasses.replace(cfg.sft, world=cfg.world, data_dir=cfg.data_dir), "train")
+        train_q = split_question_ids(cfg, "train")
         fitted = rollout_questions(model, env, np.repeat(train_q, TOWER_TRAIN_EPISODES), cfg.eval_batch,
                                    jax.random.key(cfg.seed + 12), sampling)
         both = jax.tree.map(lambda a, b: np.concatenate([a, b]), fitted, tree)

@@ -78,9 +78,14 @@ def placed(model: Policy, mesh: jax.sharding.Mesh) -> tuple[nnx.GraphDef, nnx.St
     return graphdef, shd.put_global(params, shd.param_shardings(params, mesh))
 
 
+def split_question_ids(cfg: TrainConfig, split: str) -> np.ndarray:
+    """The question ids of `split` of cfg's world (as SFT split them)."""
+    return split_questions(dataclasses.replace(cfg.sft, world=cfg.world, data_dir=cfg.data_dir), split)
+
+
 def held_out_questions(cfg: TrainConfig) -> np.ndarray:
     """The test split's question ids of cfg's world (what `evaluate` scores)."""
-    return split_questions(dataclasses.replace(cfg.sft, world=cfg.world, data_dir=cfg.data_dir), "test")
+    return split_question_ids(cfg, "test")
 
 
 def pool_of(batch: dict[str, np.ndarray]) -> Pool:
