@@ -160,15 +160,23 @@ def test_remat_gives_the_same_loss_and_gradients():
         nnx.merge(graphdef, params)(ids, cache=KVCache.init(model, 3, 20), remat=True)
 
 
-def test_param_bytes_per_chip_are_the_real_shards():
+@pytest.mark.parametrize("predictor_layers", [0, 1])
+def test_param_bytes_per_chip_are_the_real_shards(predictor_layers):
     """On a (2, 2, 2) mesh, with a dimension the tensor axis does not divide (1 KV head), the planned bytes per chip
-    equal one device's shards of `init_policy`'s parameters."""
-    model = dataclasses.replace(LOGITS_HEAVY, num_kv_heads=1, num_heads=2, head_dim=64)
+    equal one device's shards of `init_policy`'s parameters (with the predictor's own layer too)."""
+    model = dataclasses.replace(LOGITS_HEAVY, num_kv_heads=1, num_heads=2, head_dim=64,
+                                predictor_layers=predictor_layers)
     mesh = shd.make_mesh(MeshConfig(2, 2, 2))
     params = nnx.state(shd.init_policy(model, 0, mesh))
     device = mesh.devices.flat[0]
     held = sum(s.data.nbytes for x in jax.tree.leaves(params) for s in x.addressable_shards if s.device == device)
     assert param_bytes(model, (2, 2, 2)) == held
+
+
+def test_kv_bytes_count_the_predictors_cache_rows():
+    model = dataclasses.replace(LAYERS_HEAVY, predictor_layers=2)
+    cache = KVCache.init(model, 3, 20)
+    assert len(cache.k) == 6 and kv_bytes(model, 3, 20, Sizer((1, 1, 1))) == sum(x.nbytes for x in cache.k + cache.v)
 
 
 def test_optimizer_state_is_sharded_like_the_params():

@@ -213,6 +213,9 @@ class SFTConfig:
         for name in ("mistake_prob", "wrong_answer_prob"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"sft.{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.model.predictor_layers:
+            raise ValueError(f"sft.model.predictor_layers={self.model.predictor_layers}: SFT trains the policy, not "
+                             "the predictor; set predictor_layers (the RL run adds them to the base policy)")
         if self.batch_size > self.episodes:
             raise ValueError(f"sft.batch_size={self.batch_size} exceeds sft.episodes={self.episodes}: a batch draws "
                              "distinct episodes; lower batch_size or raise episodes")
@@ -231,13 +234,16 @@ class WarmupConfig:
 
     batches: int = 16  # pools rolled out (0: no warm-up, the head starts at V~ = 0.5)
     group_size: int = 2  # root rollouts per prompt in the warm-up trees (M / group_size prompts a pool)
-    fit_steps: int = 500  # full-batch Adam steps of the head fit
+    fit_steps: int = 500  # full-batch Adam steps of the head fit; with predictor_layers, minibatches of fit_rows
     learning_rate: float = 0.01  # Adam learning rate of the head's fit
+    fit_rows: int = 16  # with predictor_layers: episodes per minibatch of the fit
+    layers_learning_rate: float = 1e-3  # with predictor_layers: AdamW learning rate of their fit with the head
 
     def __post_init__(self) -> None:
         if self.batches < 0:
             raise ValueError(f"warmup.batches must be >= 0 (0 skips the warm-up), got {self.batches}")
-        _require_positive(self, "warmup", ("group_size", "fit_steps", "learning_rate"))
+        _require_positive(self, "warmup", ("group_size", "fit_steps", "learning_rate", "fit_rows",
+                                           "layers_learning_rate"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,6 +282,7 @@ class TrainConfig:
     predictor_coef: float = 1.0  # weight of the success head's squared error in the same loss
     head_learning_rate: float = 1e-3  # the success head's own optimizer group (the policy uses learning_rate)
     predictor_backbone_grad: bool = False  # let the predictor loss train the shared backbone too
+    predictor_layers: int = 0  # the predictor's own layers, copied from the base policy's top ones (0: linear head)
     remat: bool = False  # the loss keeps each layer's input only and recomputes layers in the backward (less memory)
     pack_rows: int = -1  # R > 0: the update feeds each distinct token of the tree once, packed in R rows;
     # 0: off; -1 (auto): one row per data-parallel device on CPU, else 0
@@ -308,7 +315,7 @@ class TrainConfig:
         _require_positive(self, "train", ("pool_size", "roots", "group_size", "steps", "eval_every", "eval_batch",
                                           "eval_samples", "checkpoint_every", "keep_checkpoints", "temperature",
                                           "learning_rate", "head_learning_rate", "clip_eps", "max_grad_norm"))
-        _require_nonnegative(self, "train", ("seed", "kl_coef", "predictor_coef"))
+        _require_nonnegative(self, "train", ("seed", "kl_coef", "predictor_coef", "predictor_layers"))
         if self.roots < 2:
             raise ValueError(f"train.roots (M) must be >= 2 (a prompt needs two rollouts to contrast), "
                              f"got {self.roots}")

@@ -13,7 +13,7 @@ from flax import nnx
 from transformers import Qwen3ForCausalLM
 
 from tiny_qwen3 import write_tiny_qwen3
-from trace_jax.models import ModelConfig, Policy, from_pretrained, save_pretrained
+from trace_jax.models import ModelConfig, Policy, from_pretrained, save_pretrained, with_predictor_layers
 
 
 def _params(model) -> dict:
@@ -39,6 +39,29 @@ def test_export_round_trip_is_bit_exact_and_loads_in_transformers(tiny_qwen3, tm
     np.testing.assert_array_equal(np.asarray(model(jnp.asarray(ids)).logits),
                                   np.asarray(again(jnp.asarray(ids)).logits))
     assert np.abs(np.asarray(again(jnp.asarray(ids)).logits) - expected).max() <= 1e-4
+
+
+def test_predictor_layers_round_trip_beside_the_hf_weights(tiny_qwen3, tmp_path):
+    """The predictor's own layers go to the success head's file, not to HF's config or weights; loading the export
+    gives them back (bit-exact, and their count from the file); transformers loads the policy alone."""
+    hf_dir, _ = tiny_qwen3
+    model = with_predictor_layers(from_pretrained(hf_dir), 1)
+    model.predictor[0].mlp.up_proj[...] = 1.5 * model.predictor[0].mlp.up_proj[...]
+    model.success_kernel[...] = jnp.linspace(-1, 1, model.cfg.hidden_size)
+    out = save_pretrained(model, tmp_path / "export")
+    assert "predictor" not in (out / "config.json").read_text()
+    again = from_pretrained(out)
+    assert again.cfg == model.cfg and again.cfg.predictor_layers == 1
+    a, b = _params(model), _params(again)
+    assert a.keys() == b.keys() and any(p[0] == "predictor" for p in a)
+    for path in a:
+        np.testing.assert_array_equal(a[path], b[path], err_msg=str(path))
+    ids = jnp.asarray(np.random.RandomState(0).randint(0, model.cfg.vocab_size, (2, 10)))
+    np.testing.assert_array_equal(np.asarray(model(ids).success), np.asarray(again(ids).success))
+    ref = Qwen3ForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        expected = ref(torch.tensor(np.asarray(ids))).logits.numpy()
+    assert np.abs(np.asarray(again(ids).logits) - expected).max() <= 1e-4
 
 
 def test_sharded_safetensors_index_loads(tmp_path):

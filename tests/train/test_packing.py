@@ -26,7 +26,7 @@ from trace_jax.config import TrainConfig, load_config
 from trace_jax.envs.hopworld import protocol
 from trace_jax.evaluate import question_pool
 from trace_jax.metrics import MetricsLogger
-from trace_jax.models import Paged
+from trace_jax.models import Paged, with_predictor_layers
 from trace_jax.models.cache import KVCache
 from trace_jax.objectives import advantages
 from trace_jax.rollout.engine import SamplingConfig
@@ -308,6 +308,32 @@ def test_a_real_rollout_packs_to_the_same_update(state, compiled):
     assert tree.tokens.shape == (12, 155)  # half of S x L = 930 positions: 465 a row, 59 whole blocks of 8
     assert int(packed[1]["update_positions"]) == 2 * auto_row_len(12, 155, 2, 8) == 2 * 59 * 8
     assert_same_update(packed, unpacked)
+
+
+@pytest.mark.parametrize("backbone_grad", [True, False])
+def test_a_predictor_with_its_own_layer_packs_to_the_same_update(state, backbone_grad):
+    """The predictor's own layer reads the packed rows too (its keys paged like the policy's): loss, metrics and
+    gradients (its layer's, and the backbone's from it or not) are the unpacked ones."""
+    graphdef, params, ref = state
+    model = with_predictor_layers(nnx.merge(graphdef, params), 1)
+    model.predictor[0].mlp.up_proj[...] = 1.3 * model.predictor[0].mlp.up_proj[...]  # not the top layer's copy
+    model.success_kernel[...] = jax.random.normal(jax.random.key(3), model.success_kernel.shape)
+    grown, grown_params = nnx.split(model)
+    grown_ref = nnx.state(with_predictor_layers(nnx.merge(graphdef, ref), 1))
+    spec = dataclasses.replace(SPEC, predictor_backbone_grad=backbone_grad)
+    tree = random_tree(2, roots=M, prompts=2, forks=1.0)
+    assert fits(tree)
+    unpacked = grads_fn(grown, spec)(grown_params, grown_ref, tree)
+    packed = grads_fn(grown, dataclasses.replace(spec, pack_rows=ROWS, pack_len=ROW_LEN, pack_block=BLOCK))(
+        grown_params, grown_ref, tree)
+    assert not bool(packed[1]["pack_overflow"])
+    assert_same_update(packed, unpacked)
+    assert any(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(unpacked[2]["predictor"]))
+    # the layer below the predictor's: the policy loss's gradient alone, unless the predictor's may reach it
+    policy_only = grads_fn(grown, dataclasses.replace(spec, predictor_coef=0.0))(grown_params, grown_ref, tree)
+    gap = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(unpacked[2]["layers"][0]),
+                                                          jax.tree.leaves(policy_only[2]["layers"][0])))
+    assert (gap > 1e-5) if backbone_grad else (gap < 1e-7), gap
 
 
 def test_a_tree_the_rows_cannot_hold_falls_back(state, compiled):

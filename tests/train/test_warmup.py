@@ -10,10 +10,21 @@ from toy import tiny_env, trained_policy
 from trace_jax.allocation import Allocator, Plan
 from trace_jax.envs.hopworld import protocol
 from trace_jax.evaluate import question_pool
+from trace_jax.models import with_predictor_layers
 from trace_jax.objectives import node_targets
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import expand_tree
-from trace_jax.train.warmup import Readings, WarmupSpec, fit_head, tree_readings, warm_up_predictor
+from trace_jax.train.warmup import (
+    Readings,
+    WarmupSpec,
+    episode_nodes,
+    episode_values,
+    fit_head,
+    fit_own_layers,
+    tree_episodes,
+    tree_readings,
+    warm_up_predictor,
+)
 
 
 def test_fit_head_recovers_a_logistic_model():
@@ -22,7 +33,7 @@ def test_fit_head_recovers_a_logistic_model():
     k, b = rng.normal(size=6).astype(np.float32), np.float32(-0.3)
     target = 1 / (1 + np.exp(-(x @ k + b)))  # soft targets: the squared error is 0 exactly at (k, b)
     data = Readings(features=x, target=target, outcome=target, is_root=np.zeros(4000, bool),
-                    prompt=np.zeros(4000, np.int32))
+                    question=np.zeros(4000, np.int32))
     kernel, bias = fit_head(jnp.zeros(6), jnp.zeros(()), data, steps=3000, learning_rate=0.05)
     np.testing.assert_allclose(kernel, k, atol=0.05)
     np.testing.assert_allclose(bias, b, atol=0.05)
@@ -35,7 +46,7 @@ def test_fit_head_does_not_saturate_on_mostly_solved_prompts():
     rng = np.random.default_rng(0)
     x = (3.0 + 0.3 * rng.normal(size=(900, 128))).astype(np.float32)
     y = (rng.random(900) < 0.95).astype(np.float32)
-    data = Readings(features=x, target=y, outcome=y, is_root=np.zeros(900, bool), prompt=np.zeros(900, np.int32))
+    data = Readings(features=x, target=y, outcome=y, is_root=np.zeros(900, bool), question=np.zeros(900, np.int32))
     kernel, bias = fit_head(jnp.zeros(128), jnp.zeros(()), data, steps=500, learning_rate=0.01)
     v = np.asarray(jax.nn.sigmoid(x @ kernel + bias))
     assert abs(v.mean() - y.mean()) < 0.03 and (v < 0.999).all()
@@ -56,7 +67,7 @@ def test_warm_up_fits_only_the_head_on_the_samplers_readings():
     plan = Plan(Allocator("uniform_tree", group_size=2), roots=8, continuations=2)
     tree, _, _ = expand_tree(model, env, pools(0), jax.random.key(0), plan=plan, sampling=SamplingConfig(0.8),
                              pad_id=protocol.PAD)
-    r = tree_readings(model, tree, prompt_offset=0)
+    r = tree_readings(model, tree)
     assert r.is_root.sum() >= 4 and (~r.is_root).sum() > r.is_root.sum()
     _, weight = node_targets(tree)
     rows, cols = np.nonzero(np.asarray(weight) > 0)  # tree_readings' order: each distinct node once
@@ -79,3 +90,43 @@ def test_warm_up_fits_only_the_head_on_the_samplers_readings():
         for value in (report[f"warmup/{key}"], report[f"warmup/before/{key}"]):
             assert 0 <= value <= 1 or (key.endswith("auc") and np.isnan(value)), (key, report)
     assert report["warmup/train_nodes"] > 0
+
+
+def test_warm_up_with_own_layers_fits_only_the_predictor():
+    """A predictor with a layer of its own: the episodes' V~ (one forward of the whole slot) are the sampler's
+    readings (its cache rows); the warm-up moves the predictor's layer and head and nothing else; and the fit lowers
+    the log loss of the episodes it was fitted on."""
+    env = tiny_env()
+    model = with_predictor_layers(trained_policy(), 1)
+    model.success_kernel[...] = jax.random.normal(jax.random.key(1), model.success_kernel.shape) * 0.3
+    pools = lambda i: question_pool(env, np.arange(8 * i, 8 * i + 8) % env.world.num_questions)
+    plan = Plan(Allocator("uniform_tree", group_size=2), roots=8, continuations=2)
+    tree, _, _ = expand_tree(model, env, pools(0), jax.random.key(0), plan=plan, sampling=SamplingConfig(0.8),
+                             pad_id=protocol.PAD)
+    e = tree_episodes(tree)
+    nodes, rows, cols = episode_nodes(e)
+    assert nodes.is_root.sum() >= 4 and (~nodes.is_root).sum() > nodes.is_root.sum()
+    own = np.asarray(node_targets(tree)[1]).sum(1) > 0  # the slots tree_episodes keeps
+    np.testing.assert_allclose(episode_values(model, e, batch=7)[rows, cols],
+                               np.asarray(tree.success)[own][rows, cols], atol=1e-5)
+
+    def log_loss(m) -> float:
+        v = np.clip(episode_values(m, e, batch=24)[rows, cols], 1e-7, 1 - 1e-7)
+        return float(-np.mean(nodes.target * np.log(v) + (1 - nodes.target) * np.log(1 - v)))
+
+    before_state, before = jax.tree.map(np.array, nnx.state(model)), log_loss(model)
+    fit_own_layers(model, e, steps=20, learning_rate=1e-2, rows=8)
+    assert log_loss(model) < before - 0.05
+    model, report = warm_up_predictor(model, env, pools, jax.random.key(2), _spec(batches=3))
+    after = jax.tree.map(np.array, nnx.state(model))
+    moved = set()
+    for (path, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(before_state),
+                                 jax.tree_util.tree_leaves_with_path(after), strict=True):
+        name = jax.tree_util.keystr(path)
+        if "predictor" in name or "success" in name:
+            if not np.array_equal(a, b):
+                moved.add(path[0].key)
+        else:
+            np.testing.assert_array_equal(a, b, err_msg=name)
+    assert moved == {"predictor", "predictor_norm", "success_kernel", "success_bias"}
+    assert report["warmup/train_nodes"] > 0 and 0 <= report["warmup/root_ece"] <= 1

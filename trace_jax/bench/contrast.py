@@ -39,7 +39,7 @@ from trace_jax.envs.hopworld import build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.envs.hopworld.world import World
 from trace_jax.evaluate import rollout_questions, success_by_hops
-from trace_jax.models.qwen3 import Policy
+from trace_jax.models.qwen3 import Policy, with_predictor_layers
 from trace_jax.objectives import auc
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.tree import Tree
@@ -293,7 +293,7 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
                          f"samples={samples}")
     build_dataset(cfg.data_dir, cfg.world)
     env = HopWorldEnv(build_world(cfg.world), cfg.world)
-    model = base_policy(cfg)
+    model = with_predictor_layers(base_policy(cfg), cfg.predictor_layers)
     questions = held_out_questions(cfg)
     sampling = SamplingConfig(cfg.temperature, cfg.top_p)
     tree = rollout_questions(model, env, np.repeat(questions, samples), cfg.eval_batch, jax.random.key(cfg.seed + 11),

@@ -49,17 +49,18 @@ PRESETS = {
 def model_of(cfg: TrainConfig, preset: str | None = None) -> tuple[ModelConfig, str]:
     """(the policy's dims, where they come from). HopWorld: sft.model. Search QA: <policy_dir>/config.json in
     float32, as `models.from_pretrained` loads it; `preset` names PRESETS dims to use when that file is absent."""
+    grow = lambda m: dataclasses.replace(m, predictor_layers=cfg.predictor_layers)  # the run adds them
     if cfg.env == "hopworld":
-        return cfg.sft.model, "sft.model"
+        return grow(cfg.sft.model), "sft.model"
     path = Path(cfg.search_qa.policy_dir) / "config.json"
     if path.is_file():
-        return ModelConfig.from_hf_dir(path.parent), str(path)
+        return grow(ModelConfig.from_hf_dir(path.parent)), str(path)
     if preset is None:
         raise FileNotFoundError(f"{path} does not exist; put the checkpoint's config.json there, or plan with the "
                                 f"dims of a public model: --preset one of {sorted(PRESETS)}")
     if preset not in PRESETS:
         raise ValueError(f"--preset {preset!r} is not one of {sorted(PRESETS)}")
-    return PRESETS[preset], f"preset {preset} (no {path})"
+    return grow(PRESETS[preset]), f"preset {preset} (no {path})"
 
 
 def step_shape(cfg: TrainConfig, preset: str | None = None) -> StepShape:

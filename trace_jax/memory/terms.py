@@ -75,9 +75,13 @@ class Sizer:
 @functools.lru_cache(maxsize=32)
 def param_bytes(model: ModelConfig, mesh: tuple[int, int, int]) -> float:
     """Per-chip bytes of the policy's parameters, from the shapes and axes `models.qwen3.Policy` creates. The layers
-    are identical, so a 1-layer and a 2-layer policy give everything: the rest, plus num_layers x one layer."""
-    one, two = (_param_bytes(dataclasses.replace(model, num_layers=n), mesh) for n in (1, 2))
-    return one + (model.num_layers - 1) * (two - one)
+    are identical, so a 1-layer and a 2-layer policy give everything: the rest, plus num_layers x one layer (and
+    the predictor's own: P layers and a norm, what a P-layer policy gains with them)."""
+    one, two = (_param_bytes(dataclasses.replace(model, num_layers=n, predictor_layers=0), mesh) for n in (1, 2))
+    p = model.predictor_layers
+    own = (_param_bytes(dataclasses.replace(model, num_layers=p), mesh)
+           - _param_bytes(dataclasses.replace(model, num_layers=p, predictor_layers=0), mesh)) if p else 0.0
+    return one + (model.num_layers - 1) * (two - one) + own
 
 
 def _param_bytes(model: ModelConfig, mesh: tuple[int, int, int]) -> float:
@@ -130,12 +134,12 @@ def activation_bytes(shape: StepShape, rows: int, size: Sizer, policy_params: fl
     `train.chunked` adds each chunk's to the running sum), and the weights' compute-dtype copies when they are
     stored in another dtype."""
     m, length = shape.model, shape.slot_len
-    layers = m.num_layers * layer_residuals(m, rows, length, size)
+    layers = m.cache_layers * layer_residuals(m, rows, length, size)  # the policy's and the predictor's own
     if shape.remat:  # each layer's input, one layer's residuals at a time, the stacked weights and their gradient
         mesh = tuple(size.mesh.axis_sizes)
-        one, two = (param_bytes(dataclasses.replace(m, num_layers=n), mesh) for n in (1, 2))
-        stacked = m.num_layers * (two - one)
-        layers = (m.num_layers * size((rows, length, m.hidden_size), ("batch", "seq", None), _itemsize(m.dtype))
+        one, two = (param_bytes(dataclasses.replace(m, num_layers=n, predictor_layers=0), mesh) for n in (1, 2))
+        stacked = m.cache_layers * (two - one)
+        layers = (m.cache_layers * size((rows, length, m.hidden_size), ("batch", "seq", None), _itemsize(m.dtype))
                   + layer_residuals(m, rows, length, size) + 2 * stacked)
     norm = size((rows, length, m.hidden_size), ("batch", "seq", None), 4 + 2 * _itemsize(m.dtype))
     head = 4 * size((rows, length, m.vocab_size), ("batch", "seq", "vocab"), 4)
@@ -147,9 +151,10 @@ def activation_bytes(shape: StepShape, rows: int, size: Sizer, policy_params: fl
 
 
 def kv_bytes(model: ModelConfig, rows: int, positions: int, size: Sizer) -> float:
-    """Per-chip bytes of a `models.cache.KVCache` of `rows` x `positions`: k and v, every layer, compute dtype."""
+    """Per-chip bytes of a `models.cache.KVCache` of `rows` x `positions`: k and v, every layer (the predictor's
+    own too), compute dtype."""
     shape = KVCache.layer_shape(model, rows, positions)
-    return 2 * model.num_layers * size(shape, KVCache.AXES, _itemsize(model.dtype))
+    return 2 * model.cache_layers * size(shape, KVCache.AXES, _itemsize(model.dtype))
 
 
 def forward_temps(model: ModelConfig, rows: int, fed: int, keys: int, size: Sizer) -> float:

@@ -21,8 +21,8 @@ class KVCache:
     attention's batched dots (over rows and heads) read without relaying out the cache at every step.
     """
 
-    k: tuple[jax.Array, ...]  # num_layers x [rows, kv_heads, cache_len, head_dim]
-    v: tuple[jax.Array, ...]  # num_layers x [rows, kv_heads, cache_len, head_dim]
+    k: tuple[jax.Array, ...]  # cache_layers x [rows, kv_heads, cache_len, head_dim] (the predictor's last)
+    v: tuple[jax.Array, ...]  # cache_layers x [rows, kv_heads, cache_len, head_dim]
     lengths: jax.Array  # [rows] int32
     AXES: ClassVar[tuple[str, ...]] = ("batch", "kv_heads", "cache_seq", "head_dim")  # logical axes of a k or v
 
@@ -35,7 +35,7 @@ class KVCache:
     def init(cls, cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
         """An empty cache for `batch` rows of up to `max_len` positions, in the compute dtype."""
         shape = cls.layer_shape(cfg, batch, max_len)
-        zeros = tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.num_layers))
+        zeros = tuple(jnp.zeros(shape, cfg.jnp_dtype) for _ in range(cfg.cache_layers))
         return cls(k=zeros, v=tuple(jnp.zeros_like(z) for z in zeros),
                    lengths=jnp.zeros((batch,), jnp.int32))
 

@@ -54,17 +54,26 @@ class ModelConfig:
     max_position_embeddings: int = 32768  # longest sequence the config declares
     param_dtype: str = "float32"  # storage dtype of the weights: float32 | bfloat16 | float16
     dtype: str = "float32"  # compute dtype of activations
+    predictor_layers: int = 0  # the success predictor's own layers over the input of the top ones (not HF's)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
                      "num_kv_heads", "head_dim"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"model config: {name} must be positive, got {getattr(self, name)}")
+        if not 0 <= self.predictor_layers <= self.num_layers:
+            raise ValueError(f"model config: predictor_layers must be in [0, num_layers={self.num_layers}] (copies of "
+                             f"the top layers), got {self.predictor_layers}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"model config: num_heads ({self.num_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads})")
         for name in ("param_dtype", "dtype"):
             object.__setattr__(self, name, dtype_name(getattr(self, name), f"model config: {name}"))
+
+    @property
+    def cache_layers(self) -> int:
+        """Layers with KV cache rows: the decoder's and the predictor's own."""
+        return self.num_layers + self.predictor_layers
 
     @property
     def jnp_param_dtype(self) -> Any:

@@ -1,11 +1,13 @@
 """Import and export HF-layout Qwen3 checkpoints (config.json + safetensors) to and from `Policy`.
 
 Import reads one tensor at a time and puts it straight onto its target sharding, so a model never
-sits whole on one host. The success head, which HF does not know, lives in `success_head.safetensors`.
+sits whole on one host. The success predictor, which HF does not know (its head, and its own layers if it has any),
+lives in `success_head.safetensors`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,39 +28,56 @@ Path_ = tuple[str | int, ...]
 Entry = tuple[Path_, str, Callable[[np.ndarray], np.ndarray], Callable[[np.ndarray], np.ndarray]]
 
 
-def _weight_map(cfg: ModelConfig) -> Iterator[Entry]:
-    """Every parameter of `Policy` with its HF name and layout conversions."""
+def _layer_map(cfg: ModelConfig, ours: Path_, hf: str) -> Iterator[Entry]:
+    """One decoder layer's parameters (ours under `ours`, HF's under `hf`) with their layout conversions."""
     d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     same = lambda a: a
     transpose = lambda a: a.T
+    yield ours + ("input_layernorm", "weight"), f"{hf}.input_layernorm.weight", same, same
+    yield ours + ("post_attention_layernorm", "weight"), f"{hf}.post_attention_layernorm.weight", same, same
+    for name, heads in (("q", n), ("k", k), ("v", k)):
+        yield (ours + ("self_attn", f"{name}_proj"), f"{hf}.self_attn.{name}_proj.weight",
+               lambda a, heads=heads: a.T.reshape(d, heads, h),
+               lambda a, heads=heads: a.reshape(d, heads * h).T)
+        if cfg.attention_bias:
+            yield (ours + ("self_attn", f"{name}_bias"), f"{hf}.self_attn.{name}_proj.bias",
+                   lambda a, heads=heads: a.reshape(heads, h), lambda a: a.reshape(-1))
+    yield (ours + ("self_attn", "o_proj"), f"{hf}.self_attn.o_proj.weight",
+           lambda a: a.T.reshape(n, h, d), lambda a: a.reshape(n * h, d).T)
+    if cfg.attention_bias:
+        yield ours + ("self_attn", "o_bias"), f"{hf}.self_attn.o_proj.bias", same, same
+    for name in ("q_norm", "k_norm"):
+        yield ours + ("self_attn", name, "weight"), f"{hf}.self_attn.{name}.weight", same, same
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        yield ours + ("mlp", name), f"{hf}.mlp.{name}.weight", transpose, transpose
+
+
+def _weight_map(cfg: ModelConfig) -> Iterator[Entry]:
+    """Every parameter of the Qwen3 decoder with its HF name and layout conversions."""
+    same = lambda a: a
     yield ("embed_tokens",), "model.embed_tokens.weight", same, same
     for i in range(cfg.num_layers):
-        hf, ours = f"model.layers.{i}", ("layers", i)
-        yield ours + ("input_layernorm", "weight"), f"{hf}.input_layernorm.weight", same, same
-        yield ours + ("post_attention_layernorm", "weight"), f"{hf}.post_attention_layernorm.weight", same, same
-        for name, heads in (("q", n), ("k", k), ("v", k)):
-            yield (ours + ("self_attn", f"{name}_proj"), f"{hf}.self_attn.{name}_proj.weight",
-                   lambda a, heads=heads: a.T.reshape(d, heads, h),
-                   lambda a, heads=heads: a.reshape(d, heads * h).T)
-            if cfg.attention_bias:
-                yield (ours + ("self_attn", f"{name}_bias"), f"{hf}.self_attn.{name}_proj.bias",
-                       lambda a, heads=heads: a.reshape(heads, h), lambda a: a.reshape(-1))
-        yield (ours + ("self_attn", "o_proj"), f"{hf}.self_attn.o_proj.weight",
-               lambda a: a.T.reshape(n, h, d), lambda a: a.reshape(n * h, d).T)
-        if cfg.attention_bias:
-            yield ours + ("self_attn", "o_bias"), f"{hf}.self_attn.o_proj.bias", same, same
-        for name in ("q_norm", "k_norm"):
-            yield ours + ("self_attn", name, "weight"), f"{hf}.self_attn.{name}.weight", same, same
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            yield ours + ("mlp", name), f"{hf}.mlp.{name}.weight", transpose, transpose
+        yield from _layer_map(cfg, ("layers", i), f"model.layers.{i}")
     yield ("norm", "weight"), "model.norm.weight", same, same
     if not cfg.tie_word_embeddings:
-        yield ("lm_head",), "lm_head.weight", transpose, transpose
+        yield ("lm_head",), "lm_head.weight", lambda a: a.T, lambda a: a.T
 
 
-def _success_map() -> Iterator[Entry]:
+def _success_map(cfg: ModelConfig) -> Iterator[Entry]:
+    """The success predictor's parameters, which HF does not know: the head ("weight", "bias") and its own layers
+    ("predictor.layers.{i}.*", "predictor.norm.weight", named as HF names a decoder's)."""
     yield ("success_kernel",), "weight", lambda a: a.reshape(-1), lambda a: a.reshape(1, -1)
     yield ("success_bias",), "bias", lambda a: a.reshape(()), lambda a: a.reshape(1)
+    for i in range(cfg.predictor_layers):
+        yield from _layer_map(cfg, ("predictor", i), f"predictor.layers.{i}")
+    if cfg.predictor_layers:
+        yield ("predictor_norm", "weight"), "predictor.norm.weight", lambda a: a, lambda a: a
+
+
+def _predictor_layers(head: Path) -> int:
+    """How many layers of its own the success predictor saved in `head` has."""
+    names = _open(head).keys()
+    return len({name.split(".")[2] for name in names if name.startswith("predictor.layers.")})
 
 
 def _weight_files(hf_dir: Path) -> dict[str, Path]:
@@ -133,7 +152,10 @@ def from_pretrained(hf_dir: str | Path, *, dtype: DTypeLike | None = None, mesh:
 
     name = None if dtype is None else dtype_name(dtype, "from_pretrained: dtype")
     hf_dir = Path(hf_dir)
+    head = hf_dir / SUCCESS_HEAD_FILE
     cfg = ModelConfig.from_hf_dir(hf_dir).with_dtype(name)
+    if head.exists():
+        cfg = dataclasses.replace(cfg, predictor_layers=_predictor_layers(head))
     abstract_model = nnx.eval_shape(lambda: Policy(cfg, nnx.Rngs(0)))
     graphdef, abstract = nnx.split(abstract_model)
     flat_abstract = dict(nnx.to_flat_state(abstract))
@@ -141,12 +163,11 @@ def from_pretrained(hf_dir: str | Path, *, dtype: DTypeLike | None = None, mesh:
         path: var.get_value() for path, var in nnx.to_flat_state(shd.param_shardings(abstract, mesh, rules))}
     loaded = _load_into(flat_abstract, list(_weight_map(cfg)), _weight_files(hf_dir), flat_shardings,
                         str(hf_dir))
-    head = hf_dir / SUCCESS_HEAD_FILE
     if head.exists():
-        loaded |= _load_into(flat_abstract, list(_success_map()), {n: head for n in ("weight", "bias")},
+        loaded |= _load_into(flat_abstract, list(_success_map(cfg)), dict.fromkeys(_open(head).keys(), head),
                              flat_shardings, str(head))
     else:  # a plain HF checkpoint: start the success head at zero (V~ = 0.5)
-        for ours, *_ in _success_map():
+        for ours, *_ in _success_map(cfg):
             target = flat_abstract[ours].get_value()
             loaded[ours] = jax.device_put(np.zeros(target.shape, target.dtype), flat_shardings.get(ours))
     state = nnx.from_flat_state([(path, var.replace(loaded[path])) for path, var in flat_abstract.items()])
@@ -169,6 +190,6 @@ def save_pretrained(model: Policy, out_dir: str | Path) -> Path:
         return {hf: np.ascontiguousarray(to_hf(flat[ours])) for ours, hf, _, to_hf in entries}
 
     save_file(collect(_weight_map(cfg)), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    save_file(collect(_success_map()), str(out_dir / SUCCESS_HEAD_FILE))
+    save_file(collect(_success_map(cfg)), str(out_dir / SUCCESS_HEAD_FILE))
     (out_dir / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n")
     return out_dir

@@ -26,6 +26,7 @@ class ModelOutput:
     hidden: jax.Array  # [rows, positions, hidden] final normed hidden state, compute dtype
     success: jax.Array  # [rows, positions] float32, sigmoid of the success head
     cache: KVCache | None
+    predictor_hidden: jax.Array  # [rows, positions, hidden] what the success head reads (`hidden` without own layers)
 
 
 @jax.tree_util.register_dataclass
@@ -168,7 +169,8 @@ class DecoderLayer(nnx.Module):
 
 
 class Policy(nnx.Module):
-    """The Qwen3 decoder (policy) and the success predictor V~(H), sharing one backbone."""
+    """The Qwen3 decoder (policy) and the success predictor V~(H), sharing one backbone: a linear head on the last
+    hidden state, or (cfg.predictor_layers = P) on the output of P layers of its own over the input of the top P."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
         pd = cfg.jnp_param_dtype
@@ -178,6 +180,9 @@ class Policy(nnx.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd)
         if not cfg.tie_word_embeddings:
             self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
+        if cfg.predictor_layers:  # the predictor's own layers over the input of the top ones (`with_predictor_layers`)
+            self.predictor = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.predictor_layers)])
+            self.predictor_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd)
         # The success head starts at zero: V~ = 0.5 everywhere until trained.
         self.success_kernel = nnx.Param(jnp.zeros((cfg.hidden_size,), jnp.float32), axes=("embed",))
         self.success_bias = nnx.Param(jnp.zeros((), jnp.float32), axes=())
@@ -187,17 +192,22 @@ class Policy(nnx.Module):
         head = self.embed_tokens[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
         return (hidden @ head.astype(hidden.dtype)).astype(jnp.float32)
 
-    def success_from_hidden(self, hidden: jax.Array) -> jax.Array:
-        """Success head V~: sigmoid of a linear read of the final hidden state [..., hidden] -> [...]."""
-        return jax.nn.sigmoid(hidden.astype(jnp.float32) @ self.success_kernel[...] + self.success_bias[...])
+    def success_logit(self, hidden: jax.Array) -> jax.Array:
+        """The success head's logit: a linear read of the predictor's hidden state [..., hidden] -> [...] float32."""
+        return hidden.astype(jnp.float32) @ self.success_kernel[...] + self.success_bias[...]
 
-    def remat_layers(self, x: jax.Array, positions: jax.Array, paged: Paged | None = None) -> jax.Array:
-        """The layers over x [rows, positions, hidden] without a cache (paged: as in `Attention`; None: causal), as
+    def success_from_hidden(self, hidden: jax.Array) -> jax.Array:
+        """Success head V~: the sigmoid of `success_logit` of the predictor's hidden state [..., hidden] -> [...]."""
+        return jax.nn.sigmoid(self.success_logit(hidden))
+
+    def remat_layers(self, layers: list[DecoderLayer], x: jax.Array, positions: jax.Array,
+                     paged: Paged | None = None) -> jax.Array:
+        """`layers` over x [rows, positions, hidden] without a cache (paged: as in `Attention`; None: causal), as
         one `lax.scan` over their stacked weights whose body is rematerialised: a gradient keeps each layer's input
         only and recomputes one layer at a time in the backward (the loop makes any backend's scheduler do so).
         Costs a stacked copy of the layers' weights and one more forward."""
-        graphdef, _ = nnx.split(self.layers[0])
-        stacked = jax.tree.map(lambda *w: jnp.stack(w), *(nnx.state(layer) for layer in self.layers))
+        graphdef, _ = nnx.split(layers[0])
+        stacked = jax.tree.map(lambda *w: jnp.stack(w), *(nnx.state(layer) for layer in layers))
 
         @jax.checkpoint
         def body(x: jax.Array, weights: nnx.State) -> tuple[jax.Array, None]:
@@ -205,9 +215,24 @@ class Policy(nnx.Module):
 
         return jax.lax.scan(body, x, stacked)[0]
 
+    def _stack(self, layers: list[DecoderLayer], x: jax.Array, positions: jax.Array, cache: KVCache | None,
+               first: int, paged: Paged | None, remat: bool) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
+        """(x after `layers`, their new (keys, values) if cache) with cache rows first, first + 1, ... of `cache`."""
+        if not layers:
+            return x, []
+        if remat:
+            return self.remat_layers(layers, x, positions, paged), []
+        new_kv = []
+        for i, layer in enumerate(layers):
+            layer_kv = None if cache is None else (cache.k[first + i], cache.v[first + i])
+            x, layer_kv = layer(x, positions, layer_kv, paged)
+            if layer_kv is not None:
+                new_kv.append(layer_kv)
+        return x, new_kv
+
     def __call__(self, input_ids: jax.Array, *, cache: KVCache | None = None,
                  num_valid: jax.Array | None = None, remat: bool = False, positions: jax.Array | None = None,
-                 paged: Paged | None = None) -> ModelOutput:
+                 paged: Paged | None = None, predictor_grad: bool = True) -> ModelOutput:
         """Forward `input_ids` [rows, positions].
 
         Without a cache: a causal pass over positions 0..n-1 (pads at the end are harmless); remat: through
@@ -216,6 +241,7 @@ class Policy(nnx.Module):
         causal mask.
         With a cache: row b's tokens go to positions cache.lengths[b] + t; `num_valid` [rows] (default
         all n) of them are real and the returned cache's lengths advance by that much.
+        predictor_grad False: a gradient of V~ stops at the predictor's input (the policy's layers get none).
         """
         if remat and cache is not None:
             raise ValueError("remat applies to a forward without a cache (the training loss), not to decoding")
@@ -228,19 +254,45 @@ class Policy(nnx.Module):
             start = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
             positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [rows, positions]
         x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(cfg.jnp_dtype)
-        new_k, new_v = [], []
-        for i, layer in enumerate([] if remat else self.layers):
-            layer_kv = None if cache is None else (cache.k[i], cache.v[i])
-            x, layer_kv = layer(x, positions, layer_kv, paged)
-            if layer_kv is not None:
-                new_k.append(layer_kv[0])
-                new_v.append(layer_kv[1])
-        if remat:
-            x = self.remat_layers(x, positions, paged)
-        hidden = self.norm(x)
-        logits, success = self.logits_from_hidden(hidden), self.success_from_hidden(hidden)
+        below = cfg.num_layers - cfg.predictor_layers  # the predictor's own layers read the input of the top ones
+        layers = list(self.layers)
+        x, kv_below = self._stack(layers[:below], x, positions, cache, 0, paged, remat)
+        top, kv_top = self._stack(layers[below:], x, positions, cache, below, paged, remat)
+        hidden = self.norm(top)
+        kv_predictor = []
+        if cfg.predictor_layers:
+            read = x if predictor_grad else jax.lax.stop_gradient(x)
+            read, kv_predictor = self._stack(list(self.predictor), read, positions, cache, cfg.num_layers, paged,
+                                             remat)
+            read = self.predictor_norm(read)
+        else:
+            read = hidden if predictor_grad else jax.lax.stop_gradient(hidden)
+        logits, success = self.logits_from_hidden(hidden), self.success_from_hidden(read)
         new_cache = None
         if cache is not None:
             valid = jnp.full((b,), t, jnp.int32) if num_valid is None else num_valid.astype(jnp.int32)
-            new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), lengths=cache.lengths + valid)
-        return ModelOutput(logits=logits, hidden=hidden, success=success, cache=new_cache)
+            new_kv = kv_below + kv_top + kv_predictor
+            new_cache = KVCache(k=tuple(k for k, _ in new_kv), v=tuple(v for _, v in new_kv),
+                                lengths=cache.lengths + valid)
+        return ModelOutput(logits=logits, hidden=hidden, success=success, cache=new_cache, predictor_hidden=read)
+
+
+def with_predictor_layers(model: Policy, layers: int) -> Policy:
+    """`model` whose success predictor has `layers` layers of its own: copies of its top `layers` layers and final
+    norm, with the success head at zero (V~ = 0.5 until the warm-up fits it). The policy's parameters are shared
+    with `model`, not copied. A model that already has them is returned as it is."""
+    cfg = model.cfg
+    if cfg.predictor_layers == layers:
+        return model
+    if cfg.predictor_layers:
+        raise ValueError(f"the policy already has {cfg.predictor_layers} predictor layers, and {layers} were asked "
+                         "for: set predictor_layers to the checkpoint's, or start from a policy without them")
+    grown = nnx.eval_shape(lambda: Policy(dataclasses.replace(cfg, predictor_layers=layers), nnx.Rngs(0)))
+    for name in ("embed_tokens", "layers", "norm") + (() if cfg.tie_word_embeddings else ("lm_head",)):
+        setattr(grown, name, getattr(model, name))
+    grown.predictor = nnx.List([nnx.clone(layer) for layer in list(model.layers)[cfg.num_layers - layers:]])
+    grown.predictor_norm = nnx.clone(model.norm)
+    for name, axes in (("success_kernel", ("embed",)), ("success_bias", ())):
+        old = getattr(model, name)[...]
+        setattr(grown, name, nnx.Param(jax.device_put(jnp.zeros(old.shape, old.dtype), old.sharding), axes=axes))
+    return grown

@@ -29,7 +29,7 @@ from trace_jax.envs.hopworld import build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.evaluate import predictor_quality, rollout_questions, success_by_hops
 from trace_jax.metrics import MetricsLogger, plot_metrics, plot_reliability, read_metrics, rewind_jsonl
-from trace_jax.models.qwen3 import Policy
+from trace_jax.models.qwen3 import Policy, with_predictor_layers
 from trace_jax.rollout.chunks import expand_in_chunks, rollout_chunk, runs_in_chunks
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool, expand_tree
@@ -157,7 +157,7 @@ def initial_state(cfg: TrainConfig, params: nnx.State, tx: optax.GradientTransfo
 
 def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv | HostEnv, pools: Callable[[int], Pool] | None = None,
             pad_id: int = protocol.PAD, expand: Callable = expand_tree) -> dict[str, float]:
-    """Fits the success head of `model` (in place) on uniform trees of the base policy; {} if disabled.
+    """Fits the success predictor of `model` (in place) on uniform trees of the base policy; {} if disabled.
     pools(i): the i-th warm-up pool (default: HopWorld's training loader on its own stream); expand: as in
     `warm_up_predictor`."""
     w = cfg.warmup
@@ -168,7 +168,8 @@ def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv | HostEnv, pools: 
         pools = lambda i: pool_of(loader.batch(i))
     spec = WarmupSpec(batches=w.batches, group_size=w.group_size, roots=cfg.roots, continuations=cfg.continuations,
                       fit_steps=w.fit_steps, learning_rate=w.learning_rate,
-                      sampling=SamplingConfig(cfg.temperature, cfg.top_p), pad_id=pad_id)
+                      sampling=SamplingConfig(cfg.temperature, cfg.top_p), pad_id=pad_id, fit_rows=w.fit_rows,
+                      layers_learning_rate=w.layers_learning_rate)
     whole = expand
     if cfg.chunk_slots:
         run_chunk = rollout_host_chunk if expand is expand_host else rollout_chunk
@@ -303,7 +304,7 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
     from trace_jax.memory import check_fits
 
     check_fits(cfg, mesh)  # fails naming the bytes and the chunk_slots to set when the step cannot fit the devices
-    model = base_policy(cfg)
+    model = with_predictor_layers(base_policy(cfg), cfg.predictor_layers)
     warmup = {} if resume else warm_up(cfg, model, env)  # a resumed state already holds the warmed-up head
     graphdef, params = placed(model, mesh)
     tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm, cfg.head_learning_rate)

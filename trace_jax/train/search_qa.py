@@ -31,7 +31,7 @@ from trace_jax.evaluate_qa import averages, evaluate_set, markdown
 from trace_jax.memory import check_fits
 from trace_jax.metrics import MetricsLogger, plot_metrics, read_metrics, rewind_jsonl
 from trace_jax.models import from_pretrained, save_pretrained
-from trace_jax.models.qwen3 import Policy
+from trace_jax.models.qwen3 import Policy, with_predictor_layers
 from trace_jax.retrieval.client import RetrieverClient
 from trace_jax.rollout.chunks import Chunk, expand_in_chunks, runs_in_chunks
 from trace_jax.rollout.engine import SamplingConfig
@@ -140,7 +140,7 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
         (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     mesh = shd.make_mesh(cfg.mesh)
     check_fits(cfg, mesh)  # before the weights load: fails naming the bytes when the step cannot fit the devices
-    model = from_pretrained(cfg.search_qa.policy_dir, mesh=mesh)
+    model = with_predictor_layers(from_pretrained(cfg.search_qa.policy_dir, mesh=mesh), cfg.predictor_layers)
     pad_id = tokenizer.pad_token_id
     warmup = {} if resume else warm_up(cfg, model, env, lambda i: pool_at(cfg, questions, i, mesh, stream=1), pad_id,
                                        expand_host)  # a resumed state already holds the warmed-up head

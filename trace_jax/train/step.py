@@ -66,7 +66,7 @@ class StepSpec:
     kl_coef: float
     predictor_coef: float
     pad_id: int
-    predictor_backbone_grad: bool = False  # False: the predictor loss trains the head only
+    predictor_backbone_grad: bool = False  # False: the predictor loss trains the predictor only (head, own layers)
     mesh: Mesh | None = None  # slots (rollout and update rows) split over its data axes; None: not constrained
     remat: bool = False  # the loss forward through `Policy.remat_layers`: the same values, far less saved
     pack_rows: int = 0  # R: the loss feeds each distinct token of the tree once, in R rows (`train.packing`); 0: off
@@ -85,13 +85,15 @@ class StepSpec:
                              "rows are laid in whole blocks")
 
 
-HEAD_PARAMS = ("success_kernel", "success_bias")
+HEAD_PARAMS = ("success_kernel", "success_bias")  # the success head: a linear read of the predictor's hidden state
+PREDICTOR_PARAMS = HEAD_PARAMS + ("predictor", "predictor_norm")  # the head and the predictor's own layers
 
 
 def param_groups(params: nnx.State) -> nnx.State:
-    """The optimizer group of each parameter: "head" for the success head, "policy" for the rest."""
+    """The optimizer group of each parameter: "head" for the success predictor (its head and own layers),
+    "policy" for the rest."""
     def label(path, _) -> str:
-        return "head" if any(getattr(p, "key", None) in HEAD_PARAMS for p in path) else "policy"
+        return "head" if any(getattr(p, "key", None) in PREDICTOR_PARAMS for p in path) else "policy"
 
     return jax.tree_util.tree_map_with_path(label, params)
 
@@ -175,9 +177,9 @@ class UpdateBatch:
 def unpacked_batch(spec: StepSpec, tree: Tree, adv: jax.Array) -> UpdateBatch:
     """Every slot's row, each token scored from the hidden state before it: [S, L-1] scored tokens."""
     def forward(policy: Policy) -> tuple[jax.Array, jax.Array]:
-        out = policy(tree.tokens, remat=spec.remat)
+        out = policy(tree.tokens, remat=spec.remat, predictor_grad=spec.predictor_backbone_grad)
         logits = constrain_vocab(out.logits, spec.mesh)  # [S, L, V/tensor] per device
-        return logits[:, :-1], jnp.take_along_axis(out.hidden, tree.read_positions()[..., None], axis=1)
+        return logits[:, :-1], jnp.take_along_axis(out.predictor_hidden, tree.read_positions()[..., None], axis=1)
 
     mask = tree.policy_mask[:, 1:]
     return UpdateBatch(forward, tree.tokens[:, 1:], tree.logprobs[:, 1:], TokenWeights.of_mask(mask, adv))
@@ -188,10 +190,11 @@ def packed_batch(spec: StepSpec, packed: Packed) -> UpdateBatch:
     canonical copy: [R, Lp] scored tokens."""
     def forward(policy: Policy) -> tuple[jax.Array, jax.Array]:
         tokens, positions, paged = constrain_rows((packed.tokens, packed.positions, packed.paged), spec.mesh)
-        out = policy(tokens, positions=positions, paged=paged, remat=spec.remat)
-        hidden = out.hidden.reshape(-1, out.hidden.shape[-1])  # [R * Lp, D]
-        logits = constrain_vocab(policy.logits_from_hidden(hidden[packed.prev]), spec.mesh)  # [R, Lp, V]
-        return logits, hidden[packed.reads]
+        out = policy(tokens, positions=positions, paged=paged, remat=spec.remat,
+                     predictor_grad=spec.predictor_backbone_grad)
+        flat = lambda h: h.reshape(-1, h.shape[-1])  # [R * Lp, D]
+        logits = constrain_vocab(policy.logits_from_hidden(flat(out.hidden)[packed.prev]), spec.mesh)  # [R, Lp, V]
+        return logits, flat(out.predictor_hidden)[packed.reads]
 
     return UpdateBatch(forward, packed.tokens, packed.logp_old, packed.weights)
 
@@ -210,7 +213,7 @@ def batch_grads(graphdef: nnx.GraphDef, spec: StepSpec, params: nnx.State, ref_p
         logits, read = batch.forward(policy)
         logp = token_logprobs(logits, batch.tokens, temperature)
         pg, aux = weighted_policy_loss(logp, batch.logp_old, batch.weights, spec.clip_eps, ref_logp, spec.kl_coef)
-        pred = policy.success_from_hidden(read if spec.predictor_backbone_grad else jax.lax.stop_gradient(read))
+        pred = policy.success_from_hidden(read)
         pred_loss = predictor_loss(pred, targets, weight)
         aux = dict(aux, policy_loss=pg, predictor_loss=pred_loss,
                    entropy=entropy(policy_logprobs(logits, temperature), batch.weights.paths))

@@ -3,8 +3,10 @@
 The base policy expands uniform trees (every prompt gets the same roots, every anchor the same share of
 continuations) with the same engine and sampling as training, so the head sees prompt-level and
 turn-level targets (`objectives.node_targets`). With the backbone frozen the head is a linear read of
-fixed features, so the fit is full-batch Adam on the log loss (see `fit_head`).
-A quarter of the prompts is held out and the head's quality on them is reported.
+fixed features, so the fit is full-batch Adam on the log loss (see `fit_head`). A predictor with layers of its own
+(`ModelConfig.predictor_layers`) reads whole sequences: its layers and head are fitted together by minibatches of
+episodes over the frozen layers below (`fit_own_layers`).
+A quarter of the questions is held out and the predictor's quality on them is reported.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from trace_jax.objectives import auc, calibration, node_targets
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool, expand_tree
 from trace_jax.rollout.tree import Tree
-from trace_jax.train.step import HEAD_PARAMS
+from trace_jax.train.step import HEAD_PARAMS, PREDICTOR_PARAMS
 
 
 @jax.tree_util.register_dataclass
@@ -39,37 +41,115 @@ class Readings:
     target: jax.Array  # [K] float32 success rate of the leaves below the node
     outcome: jax.Array  # [K] float32 reward of the slot the node was read on (its leaf outcome)
     is_root: jax.Array  # [K] bool: a prompt node (else a turn node)
-    prompt: jax.Array  # [K] int32 global id of the node's prompt (holds out whole prompts)
+    question: jax.Array  # [K] int32 the node's question (held out whole: a question may be drawn again)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Episodes:
+    """Predictor training data as whole slots, for a predictor with layers of its own (it reads the sequence)."""
+
+    tokens: jax.Array  # [S, L] int32
+    reads: jax.Array  # [S, T+1] int32 each node's read position (`Tree.read_positions`)
+    target: jax.Array  # [S, T+1] float32 success rate of the leaves below each node (`objectives.node_targets`)
+    weight: jax.Array  # [S, T+1] float32 1 on each distinct read node, once
+    outcome: jax.Array  # [S] float32 the slot's reward
+    question: jax.Array  # [S] int32 the slot's question
 
 
 @nnx.jit
 def read_hidden(model: Policy, tokens: jax.Array, positions: jax.Array) -> jax.Array:
-    """[S, T+1, D] float32 final hidden state at each node's read position, from one forward of tokens [S, L]."""
-    hidden = model(tokens).hidden
+    """[S, T+1, D] float32 hidden state the success head reads at each node's read position, from one forward of
+    tokens [S, L]."""
+    hidden = model(tokens).predictor_hidden
     return jnp.take_along_axis(hidden, positions[..., None], axis=1).astype(jnp.float32)
 
 
 _node_targets = jax.jit(node_targets)  # one program (eagerly, each small op compiles)
 
 
-def tree_readings(model: Policy, tree: Tree, prompt_offset: int) -> Readings:
-    """The distinct, read nodes of `tree` as predictor data (numpy, gathered from every process); prompts
-    numbered from prompt_offset."""
+def tree_readings(model: Policy, tree: Tree) -> Readings:
+    """The distinct, read nodes of `tree` as predictor data (numpy, gathered from every process)."""
     hidden = shd.to_host(read_hidden(model, tree.tokens, tree.read_positions()))
     tree = shd.to_host(tree)
     targets, weight = map(np.asarray, _node_targets(tree))
     rows, cols = np.nonzero(weight > 0)
     return Readings(features=hidden[rows, cols], target=targets[rows, cols],
                     outcome=np.asarray(tree.reward)[rows].astype(np.float32), is_root=cols == 0,
-                    prompt=(prompt_offset + np.asarray(tree.prompt)[rows]).astype(np.int32))
+                    question=np.asarray(tree.question)[rows].astype(np.int32))
 
 
-def concat(parts: list[Readings]) -> Readings:
+def tree_episodes(tree: Tree) -> Episodes:
+    """The slots of `tree` that hold a distinct read node as predictor data (numpy, gathered from every process)."""
+    tree = shd.to_host(tree)
+    targets, weight = map(np.asarray, _node_targets(tree))
+    own = weight.sum(1) > 0
+    return Episodes(tokens=np.asarray(tree.tokens)[own], reads=np.asarray(tree.read_positions())[own],
+                    target=targets[own], weight=weight[own], outcome=np.asarray(tree.reward, np.float32)[own],
+                    question=np.asarray(tree.question)[own].astype(np.int32))
+
+
+def episode_nodes(e: Episodes) -> tuple[Readings, np.ndarray, np.ndarray]:
+    """(the distinct read nodes of `e` as `Readings` without features, their slots [K], their columns [K])."""
+    rows, cols = np.nonzero(e.weight > 0)
+    return Readings(features=None, target=e.target[rows, cols], outcome=e.outcome[rows], is_root=cols == 0,
+                    question=e.question[rows]), rows, cols
+
+
+def concat(parts: list):
     return jax.tree.map(lambda *xs: np.concatenate(xs), *parts)
 
 
-def select(r: Readings, mask: np.ndarray) -> Readings:
+def select(r, mask: np.ndarray):
     return jax.tree.map(lambda x: x[mask], r)
+
+
+OWN_LAYERS = nnx.All(nnx.Param, nnx.Any(*(nnx.PathContains(name) for name in PREDICTOR_PARAMS)))  # what is fitted
+
+
+@nnx.jit
+def _read_success(model: Policy, tokens: jax.Array, reads: jax.Array) -> jax.Array:
+    """[S, T+1] float32 V~ at each node's read position reads [S, T+1] of tokens [S, L]."""
+    return jnp.take_along_axis(model(tokens).success, reads, axis=1)
+
+
+def episode_values(model: Policy, e: Episodes, batch: int) -> np.ndarray:
+    """[S, T+1] V~ at every read position of `e`, `batch` slots per forward (the last batch padded)."""
+    s = len(e.tokens)
+    if s == 0:  # e.g. no question held out of a small warm-up
+        return np.zeros(e.reads.shape, np.float32)
+    pad = -s % batch
+    tokens, reads = (np.concatenate([x, np.repeat(x[:1], pad, axis=0)]) for x in (e.tokens, e.reads))
+    place = model.success_bias[...].sharding  # replicated where the model is
+    return np.concatenate([shd.to_host(_read_success(model, *shd.put_global((tokens[i:i + batch], reads[i:i + batch]),
+                                                                           (place, place))))
+                           for i in range(0, s + pad, batch)])[:s]
+
+
+@nnx.jit
+def _fit_step(model: Policy, opt: nnx.Optimizer, tokens: jax.Array, reads: jax.Array, target: jax.Array,
+              weight: jax.Array) -> jax.Array:
+    def loss(m: Policy) -> jax.Array:
+        hidden = m(tokens, predictor_grad=False).predictor_hidden
+        logit = m.success_logit(jnp.take_along_axis(hidden, reads[..., None], axis=1))  # [rows, T+1]
+        return jnp.sum(weight * optax.sigmoid_binary_cross_entropy(logit, target)) / jnp.maximum(weight.sum(), 1.0)
+
+    value, grads = nnx.value_and_grad(loss, argnums=nnx.DiffState(0, OWN_LAYERS))(model)
+    opt.update(model, grads)
+    return value
+
+
+def fit_own_layers(model: Policy, data: Episodes, steps: int, learning_rate: float, rows: int, seed: int = 0
+                   ) -> None:
+    """Fit the predictor's own layers and head of `model` in place (nothing else moves): `steps` AdamW minibatches
+    (weight decay 0.01) of `rows` slots drawn without replacement, on the log loss of V~ at each distinct node
+    against its soft target, the layers below frozen. Every process draws the same minibatches."""
+    opt = nnx.Optimizer(model, optax.adamw(learning_rate, weight_decay=1e-2), wrt=OWN_LAYERS)
+    rng, place = np.random.default_rng(seed), model.success_bias[...].sharding
+    for _ in tqdm(range(steps), desc="predictor fit", leave=False):
+        i = np.sort(rng.choice(len(data.tokens), min(rows, len(data.tokens)), replace=False))
+        _fit_step(model, opt, *shd.put_global((data.tokens[i], data.reads[i], data.target[i], data.weight[i]),
+                                              (place,) * 4))
 
 
 def fit_head(kernel: jax.Array, bias: jax.Array, data: Readings, steps: int, learning_rate: float,
@@ -118,7 +198,9 @@ def quality(pred: np.ndarray, data: Readings) -> dict[str, float]:
 
 @dataclasses.dataclass(frozen=True)
 class WarmupSpec:
-    """How the head is warmed up: `batches` uniform-tree expansions of the pool, then the fit."""
+    """How the predictor is warmed up: `batches` uniform-tree expansions of the pool, then the fit: `fit_steps`
+    full-batch steps of the linear head at `learning_rate`, or, for a predictor with layers of its own,
+    `fit_steps` minibatches of `fit_rows` episodes at `layers_learning_rate`."""
 
     batches: int
     group_size: int
@@ -128,11 +210,13 @@ class WarmupSpec:
     learning_rate: float
     sampling: SamplingConfig
     pad_id: int
+    fit_rows: int = 16
+    layers_learning_rate: float = 1e-3
 
 
 def warm_up_predictor(model: Policy, env: JaxEnv | HostEnv, pools: Callable[[int], Pool], key: jax.Array,
                       spec: WarmupSpec, expand: Callable = expand_tree) -> tuple[Policy, dict[str, float]]:
-    """(model with a fitted success head, report). `pools(i)` is the i-th pool of prompts to roll out, by
+    """(model with a fitted success predictor, report). `pools(i)` is the i-th pool of prompts to roll out, by
     `expand`: `expand_tree` for a JAX env, `rollout.host.expand_host` for a host env.
 
     The report holds the held-out quality before ("warmup/before/...") and after ("warmup/...") the fit, plus
@@ -140,14 +224,17 @@ def warm_up_predictor(model: Policy, env: JaxEnv | HostEnv, pools: Callable[[int
     """
     plan = Plan(Allocator("uniform_tree", group_size=spec.group_size), roots=spec.roots,
                 continuations=spec.continuations)
+    own = model.cfg.predictor_layers > 0
     parts = []
     for i in tqdm(range(spec.batches), desc="predictor warm-up", leave=False):
         tree, _, _ = expand(model, env, pools(i), jax.random.fold_in(key, i), plan=plan, sampling=spec.sampling,
                             pad_id=spec.pad_id)
-        parts.append(tree_readings(model, tree, prompt_offset=i * pools(i).lengths.shape[0]))
+        parts.append(tree_episodes(tree) if own else tree_readings(model, tree))
     data = concat(parts)
-    held = np.random.default_rng(0).random(int(data.prompt.max()) + 1) < 0.25
-    held_out, train = select(data, held[data.prompt]), select(data, ~held[data.prompt])
+    held = np.random.default_rng(0).random(int(data.question.max()) + 1) < 0.25  # by question
+    if own:
+        return model, _warm_up_own_layers(model, data, held, spec)
+    held_out, train = select(data, held[data.question]), select(data, ~held[data.question])
 
     def predict(k, b, r: Readings) -> np.ndarray:
         return np.asarray(jax.nn.sigmoid(jnp.asarray(r.features) @ k + b))
@@ -159,8 +246,25 @@ def warm_up_predictor(model: Policy, env: JaxEnv | HostEnv, pools: Callable[[int
     for name, old, new in zip(HEAD_PARAMS, placed, (kernel, bias)):
         getattr(model, name)[...] = shd.put_global(np.asarray(new, old.dtype), old.sharding)
     pred = predict(kernel, bias, held_out)
-    report = {f"warmup/{k}": v for k, v in quality(pred, held_out).items()}
+    return model, _report(before, quality(pred, held_out), pred[held_out.is_root], int(train.target.size))
+
+
+def _warm_up_own_layers(model: Policy, data: Episodes, held: np.ndarray, spec: WarmupSpec) -> dict[str, float]:
+    """`warm_up_predictor`'s fit and report for a predictor with layers of its own, on episodes `data` whose
+    questions held [questions] are held out."""
+    held_out, train = select(data, held[data.question]), select(data, ~held[data.question])
+    nodes, rows, cols = episode_nodes(held_out)
+    batch = max(spec.fit_rows, 64)
+    before = quality(episode_values(model, held_out, batch)[rows, cols], nodes)
+    fit_own_layers(model, train, spec.fit_steps, spec.layers_learning_rate, spec.fit_rows)
+    pred = episode_values(model, held_out, batch)[rows, cols]
+    return _report(before, quality(pred, nodes), pred[nodes.is_root], int(train.weight.sum()))
+
+
+def _report(before: dict[str, float], after: dict[str, float], root_v: np.ndarray, train_nodes: int
+            ) -> dict[str, float]:
+    report = {f"warmup/{k}": v for k, v in after.items()}
     report |= {f"warmup/before/{k}": v for k, v in before.items() if not k.endswith("_nodes")}
-    report["warmup/root_v_std"] = float(pred[held_out.is_root].std())
-    report["warmup/train_nodes"] = int(train.target.size)
-    return model, report
+    report["warmup/root_v_std"] = float(root_v.std())
+    report["warmup/train_nodes"] = train_nodes
+    return report
