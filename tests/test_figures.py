@@ -75,3 +75,23 @@ def test_warm_up_lifts_root_auc_on_held_out_prompts(default_sft):
                                                      "test"), cfg, 0)
     assert scores["eval/root_auc"] > 0.54 and scores["eval/prefix_auc"] > 0.54
     assert scores["eval/root_v_std"] > 0.05 and scores["eval/root_ece"] < 0.1
+
+
+def test_a_predictor_layer_lifts_root_auc_above_0_6(default_sft):
+    """The README's figures for `configs/hopworld_predictor_layer.yaml` (the issue's check: the warm-up moves root
+    AUC above 0.6 on the default world): a layer of the predictor's own, warmed up on 1,600 prompts, reads what the
+    linear head does not. Measured 0.615 root and 0.656 prefix AUC on the test split, V~ spread 0.116; ~16 min of
+    warm-up on 2 cores."""
+    from trace_jax.config import TrainConfig, load_config
+    from trace_jax.models import with_predictor_layers
+    from trace_jax.train.loop import base_policy, evaluate, held_out_questions, warm_up
+
+    _, base = default_sft
+    cfg = load_config(TrainConfig, "configs/hopworld_predictor_layer.yaml",
+                      [f"init_checkpoint={base.init_checkpoint}", f"data_dir={base.data_dir}", "eval_samples=4"])
+    env = HopWorldEnv(build_world(cfg.world), cfg.world)
+    model = with_predictor_layers(base_policy(cfg), cfg.predictor_layers)
+    warm_up(cfg, model, env)
+    scores, _ = evaluate(model, env, held_out_questions(cfg), cfg, 0)
+    assert scores["eval/root_auc"] > 0.6 and scores["eval/prefix_auc"] > 0.62
+    assert scores["eval/root_v_std"] > 0.1 and scores["eval/root_ece"] < 0.05
