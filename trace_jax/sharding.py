@@ -166,7 +166,7 @@ def sharded_forward(model: Policy, mesh: Mesh, batch_shape: tuple[int, int], rul
     b, t = batch_shape
     rows = lambda *shape: batch_sharding(shape, mesh, rules)
     out_shardings = ModelOutput(logits=rows(b, t, model.cfg.vocab_size), hidden=rows(b, t, model.cfg.hidden_size),
-                                success=rows(b, t), cache=None)
+                                success=rows(b, t), cache=None, predictor_hidden=rows(b, t, model.cfg.hidden_size))
 
     @functools.partial(jax.jit, in_shardings=(param_shardings(state, mesh, rules), rows(b, t)),
                        out_shardings=out_shardings)
