@@ -131,3 +131,17 @@ def test_predictor_layers_train_in_the_heads_optimizer_group():
     for path, label in jax.tree_util.tree_leaves_with_path(labels):
         name = jax.tree_util.keystr(path)
         assert label == ("head" if "predictor" in name or "success" in name else "policy"), name
+
+
+def test_a_checkpoint_restores_the_predictors_layers(tmp_path):
+    """`save_model` / `load_model` (a run's final policy, `trace-jax evaluate` and `export` read it): the config
+    with its predictor layers and every parameter come back."""
+    from trace_jax.checkpoints import load_model, save_model
+
+    model = grown(2)
+    save_model(tmp_path / "policy", 3, model)
+    again = load_model(tmp_path / "policy")
+    assert again.cfg == model.cfg and again.cfg.predictor_layers == 2
+    a, b = (nnx.to_flat_state(nnx.state(m, nnx.Param)) for m in (model, again))
+    for (path, x), (_, y) in zip(a, b, strict=True):
+        np.testing.assert_array_equal(x[...], y[...], err_msg=str(path))

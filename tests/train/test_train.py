@@ -42,7 +42,7 @@ OVERRIDES = ["world.num_entities=64", "world.num_questions=120", "pool_size=4", 
              "group_size=2", "eval_batch=16", "eval_every=100", "learning_rate=0.01", "warmup.batches=2",
              "warmup.fit_steps=50", "eval_samples=1", "temperature=0.8", "top_p=0.9", "kl_coef=0.05",
              "max_grad_norm=0.5"]
-FULL_STEPS = ["steps=5", "checkpoint_every=1", "predictor_layers=1"]  # resumed exactly with the predictor's layer too
+FULL_STEPS = ["steps=5", "checkpoint_every=1"]
 
 
 def _base_and_data(root: Path) -> None:
@@ -178,10 +178,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(run_dirs, full_run
     no_plots(monkeypatch)
     live = {}  # what on_log (a notebook's live plots) saw: each row as written
     train(resumed, resume=True, on_log=lambda step, row: live.setdefault(step, dict(row)))
-    policy = load_model(killed / "policy")  # the trained policy, ready for export, with its predictor's layer
-    assert policy.cfg == dataclasses.replace(TINY, predictor_layers=1)
-    copied = load_model(run_dirs / "base").layers[0].mlp.up_proj[...]  # what the predictor's layer started as
-    assert float(jnp.abs(policy.predictor[0].mlp.up_proj[...] - copied).max()) > 1e-4
+    assert load_model(killed / "policy").cfg == TINY  # the trained policy, ready for export
     a, b = _metrics(full_run), _metrics(killed)
     assert sorted(b) == sorted(a) == list(range(6))
     assert sorted(live) == list(range(done, 6))  # resumed from step done - 1

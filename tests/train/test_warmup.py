@@ -1,6 +1,8 @@
 """Predictor warm-up: readings are the sampler's own V~ inputs, the fit is a correct least-squares fit, and only
 the head moves."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -108,17 +110,18 @@ def test_warm_up_with_own_layers_fits_only_the_predictor():
     nodes, rows, cols = episode_nodes(e)
     assert nodes.is_root.sum() >= 4 and (~nodes.is_root).sum() > nodes.is_root.sum()
     own = np.asarray(node_targets(tree)[1]).sum(1) > 0  # the slots tree_episodes keeps
-    np.testing.assert_allclose(episode_values(model, e, batch=7)[rows, cols],
+    np.testing.assert_allclose(episode_values(model, e, batch=64)[rows, cols],
                                np.asarray(tree.success)[own][rows, cols], atol=1e-5)
 
     def log_loss(m) -> float:
-        v = np.clip(episode_values(m, e, batch=24)[rows, cols], 1e-7, 1 - 1e-7)
+        v = np.clip(episode_values(m, e, batch=64)[rows, cols], 1e-7, 1 - 1e-7)
         return float(-np.mean(nodes.target * np.log(v) + (1 - nodes.target) * np.log(1 - v)))
 
     before_state, before = jax.tree.map(np.array, nnx.state(model)), log_loss(model)
-    fit_own_layers(model, e, steps=20, learning_rate=1e-2, rows=8)
+    fit_own_layers(model, e, steps=20, learning_rate=1e-2, rows=16)
     assert log_loss(model) < before - 0.05
-    model, report = warm_up_predictor(model, env, pools, jax.random.key(2), _spec(batches=3))
+    spec = dataclasses.replace(_spec(batches=3), fit_steps=5)  # minibatches, with own layers
+    model, report = warm_up_predictor(model, env, pools, jax.random.key(2), spec)
     after = jax.tree.map(np.array, nnx.state(model))
     moved = set()
     for (path, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(before_state),
