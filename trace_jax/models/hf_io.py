@@ -74,9 +74,8 @@ def _success_map(cfg: ModelConfig) -> Iterator[Entry]:
         yield ("predictor_norm", "weight"), "predictor.norm.weight", lambda a: a, lambda a: a
 
 
-def _predictor_layers(head: Path) -> int:
-    """How many layers of its own the success predictor saved in `head` has."""
-    names = _open(head).keys()
+def _predictor_layers(names: list[str]) -> int:
+    """How many layers of its own the success predictor whose tensors are `names` has."""
     return len({name.split(".")[2] for name in names if name.startswith("predictor.layers.")})
 
 
@@ -153,9 +152,10 @@ def from_pretrained(hf_dir: str | Path, *, dtype: DTypeLike | None = None, mesh:
     name = None if dtype is None else dtype_name(dtype, "from_pretrained: dtype")
     hf_dir = Path(hf_dir)
     head = hf_dir / SUCCESS_HEAD_FILE
+    head_names = list(_open(head).keys()) if head.exists() else []
     cfg = ModelConfig.from_hf_dir(hf_dir).with_dtype(name)
     if head.exists():
-        cfg = dataclasses.replace(cfg, predictor_layers=_predictor_layers(head))
+        cfg = dataclasses.replace(cfg, predictor_layers=_predictor_layers(head_names))
     abstract_model = nnx.eval_shape(lambda: Policy(cfg, nnx.Rngs(0)))
     graphdef, abstract = nnx.split(abstract_model)
     flat_abstract = dict(nnx.to_flat_state(abstract))
@@ -164,7 +164,7 @@ def from_pretrained(hf_dir: str | Path, *, dtype: DTypeLike | None = None, mesh:
     loaded = _load_into(flat_abstract, list(_weight_map(cfg)), _weight_files(hf_dir), flat_shardings,
                         str(hf_dir))
     if head.exists():
-        loaded |= _load_into(flat_abstract, list(_success_map(cfg)), dict.fromkeys(_open(head).keys(), head),
+        loaded |= _load_into(flat_abstract, list(_success_map(cfg)), dict.fromkeys(head_names, head),
                              flat_shardings, str(head))
     else:  # a plain HF checkpoint: start the success head at zero (V~ = 0.5)
         for ours, *_ in _success_map(cfg):

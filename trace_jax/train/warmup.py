@@ -232,9 +232,9 @@ def warm_up_predictor(model: Policy, env: JaxEnv | HostEnv, pools: Callable[[int
         parts.append(tree_episodes(tree) if own else tree_readings(model, tree))
     data = concat(parts)
     held = np.random.default_rng(0).random(int(data.question.max()) + 1) < 0.25  # by question
-    if own:
-        return model, _warm_up_own_layers(model, data, held, spec)
     held_out, train = select(data, held[data.question]), select(data, ~held[data.question])
+    if own:
+        return model, _warm_up_own_layers(model, held_out, train, spec)
 
     def predict(k, b, r: Readings) -> np.ndarray:
         return np.asarray(jax.nn.sigmoid(jnp.asarray(r.features) @ k + b))
@@ -249,10 +249,8 @@ def warm_up_predictor(model: Policy, env: JaxEnv | HostEnv, pools: Callable[[int
     return model, _report(before, quality(pred, held_out), pred[held_out.is_root], int(train.target.size))
 
 
-def _warm_up_own_layers(model: Policy, data: Episodes, held: np.ndarray, spec: WarmupSpec) -> dict[str, float]:
-    """`warm_up_predictor`'s fit and report for a predictor with layers of its own, on episodes `data` whose
-    questions held [questions] are held out."""
-    held_out, train = select(data, held[data.question]), select(data, ~held[data.question])
+def _warm_up_own_layers(model: Policy, held_out: Episodes, train: Episodes, spec: WarmupSpec) -> dict[str, float]:
+    """`warm_up_predictor`'s fit (on `train`) and report (on `held_out`) for a predictor with layers of its own."""
     nodes, rows, cols = episode_nodes(held_out)
     batch = max(spec.fit_rows, 64)
     before = quality(episode_values(model, held_out, batch)[rows, cols], nodes)
