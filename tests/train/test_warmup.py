@@ -13,6 +13,7 @@ from trace_jax.allocation import Allocator, Plan
 from trace_jax.envs.hopworld import protocol
 from trace_jax.evaluate import question_pool
 from trace_jax.models import with_predictor_layers
+from trace_jax.models.qwen3 import Policy
 from trace_jax.objectives import node_targets
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import expand_tree
@@ -24,6 +25,8 @@ from trace_jax.train.warmup import (
     fit_head,
     fit_own_layers,
     tree_episodes,
+    _batched,
+    _predictor_input,
     tree_readings,
     warm_up_predictor,
 )
@@ -97,7 +100,7 @@ def test_warm_up_fits_only_the_head_on_the_samplers_readings():
 
 def test_warm_up_with_own_layers_fits_only_the_predictor():
     """A predictor with a layer of its own: the episodes' V~ (one forward of the whole slot) are the sampler's
-    readings (its cache rows); the warm-up moves the predictor's layer and head and nothing else; and the fit lowers
+    readings (its cache rows); the fit's split forward equals the whole one; the warm-up moves the predictor's layer and head and nothing else; and the fit lowers
     the log loss of the episodes it was fitted on."""
     env = tiny_env()
     model = with_predictor_layers(trained_policy(), 1)
@@ -112,6 +115,15 @@ def test_warm_up_with_own_layers_fits_only_the_predictor():
     own = np.asarray(node_targets(tree)[1]).sum(1) > 0  # the slots tree_episodes keeps
     np.testing.assert_allclose(episode_values(model, e, batch=64)[rows, cols],
                                np.asarray(tree.success)[own][rows, cols], atol=1e-5)
+    # the fit runs the predictor's layers alone on what the layers below fed them (computed once, in batches that
+    # do not divide the slots) over positions cut after the last read: V~'s input there is a whole forward's (on a
+    # policy with layers below its top one: the toy has one)
+    cut = int(e.reads.max()) + 1
+    assert cut < e.tokens.shape[1] and len(e.tokens) % 5
+    deep = Policy(dataclasses.replace(model.cfg, num_layers=3, predictor_layers=1), nnx.Rngs(3))
+    x = _batched(_predictor_input, deep, (e.tokens[:, :cut],), batch=5)
+    np.testing.assert_allclose(deep.predictor_hidden_from(jnp.asarray(x)), deep(e.tokens).predictor_hidden[:, :cut],
+                               atol=1e-5)
 
     def log_loss(m) -> float:
         v = np.clip(episode_values(m, e, batch=64)[rows, cols], 1e-7, 1 - 1e-7)
@@ -134,3 +146,4 @@ def test_warm_up_with_own_layers_fits_only_the_predictor():
             np.testing.assert_array_equal(a, b, err_msg=name)
     assert moved == {"predictor", "predictor_norm", "success_kernel", "success_bias"}
     assert report["warmup/train_nodes"] > 0 and 0 <= report["warmup/root_ece"] <= 1
+

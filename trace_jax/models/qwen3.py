@@ -230,6 +230,24 @@ class Policy(nnx.Module):
                 new_kv.append(layer_kv)
         return x, new_kv
 
+    def predictor_input(self, input_ids: jax.Array) -> jax.Array:
+        """[rows, positions, hidden] what the predictor's own layers read in a causal forward of `input_ids` [rows,
+        positions] without a cache: the output of the layers below them. With the policy frozen it is fixed, so a
+        fit of the predictor alone can compute it once (`predictor_hidden_from`)."""
+        b, t = input_ids.shape
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        below = list(self.layers)[:self.cfg.num_layers - self.cfg.predictor_layers]
+        return self._stack(below, self._embed(input_ids), positions, None, 0, None, False)[0]
+
+    def predictor_hidden_from(self, x: jax.Array) -> jax.Array:
+        """[rows, positions, hidden] `ModelOutput.predictor_hidden` from `predictor_input`'s x (causal, no cache)."""
+        b, t, _ = x.shape
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        return self.predictor_norm(self._stack(list(self.predictor), x, positions, None, 0, None, False)[0])
+
+    def _embed(self, input_ids: jax.Array) -> jax.Array:
+        return jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.cfg.jnp_dtype)
+
     def __call__(self, input_ids: jax.Array, *, cache: KVCache | None = None,
                  num_valid: jax.Array | None = None, remat: bool = False, positions: jax.Array | None = None,
                  paged: Paged | None = None, predictor_grad: bool = True) -> ModelOutput:
@@ -253,7 +271,7 @@ class Policy(nnx.Module):
         if positions is None:
             start = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
             positions = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [rows, positions]
-        x = jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(cfg.jnp_dtype)
+        x = self._embed(input_ids)
         below = cfg.num_layers - cfg.predictor_layers  # the predictor's own layers read the input of the top ones
         layers = list(self.layers)
         x, kv_below = self._stack(layers[:below], x, positions, cache, 0, paged, remat)

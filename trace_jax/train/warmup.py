@@ -5,7 +5,7 @@ continuations) with the same engine and sampling as training, so the head sees p
 turn-level targets (`objectives.node_targets`). With the backbone frozen the head is a linear read of
 fixed features, so the fit is full-batch Adam on the log loss (see `fit_head`). A predictor with layers of its own
 (`ModelConfig.predictor_layers`) reads whole sequences: its layers and head are fitted together by minibatches of
-episodes over the frozen layers below (`fit_own_layers`).
+episodes over what the frozen layers below feed them, computed once (`fit_own_layers`).
 A quarter of the questions is held out and the predictor's quality on them is reported.
 """
 
@@ -113,25 +113,35 @@ def _read_success(model: Policy, tokens: jax.Array, reads: jax.Array) -> jax.Arr
     return jnp.take_along_axis(model(tokens).success, reads, axis=1)
 
 
-def episode_values(model: Policy, e: Episodes, batch: int) -> np.ndarray:
-    """[S, T+1] V~ at every read position of `e`, `batch` slots per forward (the last batch padded)."""
-    s = len(e.tokens)
-    if s == 0:  # e.g. no question held out of a small warm-up
-        return np.zeros(e.reads.shape, np.float32)
+@nnx.jit
+def _predictor_input(model: Policy, tokens: jax.Array) -> jax.Array:
+    return model.predictor_input(tokens)
+
+
+def _batched(fn: Callable, model: Policy, arrays: tuple[np.ndarray, ...], batch: int) -> np.ndarray:
+    """fn(model, *rows of `arrays`) over all their rows, `batch` rows a call (the last batch padded), as numpy
+    gathered from every process."""
+    s = len(arrays[0])
     pad = -s % batch
-    tokens, reads = (np.concatenate([x, np.repeat(x[:1], pad, axis=0)]) for x in (e.tokens, e.reads))
+    arrays = [np.concatenate([x, np.repeat(x[:1], pad, axis=0)]) for x in arrays]
     place = model.success_bias[...].sharding  # replicated where the model is
-    return np.concatenate([shd.to_host(_read_success(model, *shd.put_global((tokens[i:i + batch], reads[i:i + batch]),
-                                                                           (place, place))))
+    return np.concatenate([shd.to_host(fn(model, *shd.put_global(tuple(x[i:i + batch] for x in arrays),
+                                                                 (place,) * len(arrays))))
                            for i in range(0, s + pad, batch)])[:s]
 
 
+def episode_values(model: Policy, e: Episodes, batch: int) -> np.ndarray:
+    """[S, T+1] V~ at every read position of `e`, `batch` slots per forward."""
+    if len(e.tokens) == 0:  # e.g. no question held out of a small warm-up
+        return np.zeros(e.reads.shape, np.float32)
+    return _batched(_read_success, model, (e.tokens, e.reads), batch)
+
+
 @nnx.jit
-def _fit_step(model: Policy, opt: nnx.Optimizer, tokens: jax.Array, reads: jax.Array, target: jax.Array,
+def _fit_step(model: Policy, opt: nnx.Optimizer, x: jax.Array, reads: jax.Array, target: jax.Array,
               weight: jax.Array) -> jax.Array:
     def loss(m: Policy) -> jax.Array:
-        hidden = m(tokens, predictor_grad=False).predictor_hidden
-        logit = m.success_logit(jnp.take_along_axis(hidden, reads[..., None], axis=1))  # [rows, T+1]
+        logit = m.success_logit(jnp.take_along_axis(m.predictor_hidden_from(x), reads[..., None], axis=1))
         return jnp.sum(weight * optax.sigmoid_binary_cross_entropy(logit, target)) / jnp.maximum(weight.sum(), 1.0)
 
     value, grads = nnx.value_and_grad(loss, argnums=nnx.DiffState(0, OWN_LAYERS))(model)
@@ -139,16 +149,25 @@ def _fit_step(model: Policy, opt: nnx.Optimizer, tokens: jax.Array, reads: jax.A
     return value
 
 
-def fit_own_layers(model: Policy, data: Episodes, steps: int, learning_rate: float, rows: int, seed: int = 0
-                   ) -> None:
+FIT_WIDTH = 64  # a minibatch's positions are cut after its last read, rounded up to a multiple of this
+
+
+def fit_own_layers(model: Policy, data: Episodes, steps: int, learning_rate: float, rows: int, seed: int = 0,
+                   batch: int = 64) -> None:
     """Fit the predictor's own layers and head of `model` in place (nothing else moves): `steps` AdamW minibatches
     (weight decay 0.01) of `rows` slots drawn without replacement, on the log loss of V~ at each distinct node
-    against its soft target, the layers below frozen. Every process draws the same minibatches."""
+    against its soft target. The layers below are frozen, so what they feed the predictor is computed once,
+    `batch` slots per forward, and each minibatch runs the predictor's layers alone, over its positions up to its
+    last read (`FIT_WIDTH`; attention is causal, so the positions after it change nothing). Every process draws the
+    same minibatches."""
+    width = int(data.reads.max()) + 1
+    x = _batched(_predictor_input, model, (data.tokens[:, :width],), batch)  # [S, width, hidden]
     opt = nnx.Optimizer(model, optax.adamw(learning_rate, weight_decay=1e-2), wrt=OWN_LAYERS)
     rng, place = np.random.default_rng(seed), model.success_bias[...].sharding
     for _ in tqdm(range(steps), desc="predictor fit", leave=False):
-        i = np.sort(rng.choice(len(data.tokens), min(rows, len(data.tokens)), replace=False))
-        _fit_step(model, opt, *shd.put_global((data.tokens[i], data.reads[i], data.target[i], data.weight[i]),
+        i = np.sort(rng.choice(len(x), min(rows, len(x)), replace=False))
+        cut = min(width, -(-(int(data.reads[i].max()) + 1) // FIT_WIDTH) * FIT_WIDTH)
+        _fit_step(model, opt, *shd.put_global((x[i, :cut], data.reads[i], data.target[i], data.weight[i]),
                                               (place,) * 4))
 
 
@@ -254,7 +273,7 @@ def _warm_up_own_layers(model: Policy, held_out: Episodes, train: Episodes, spec
     nodes, rows, cols = episode_nodes(held_out)
     batch = max(spec.fit_rows, 64)
     before = quality(episode_values(model, held_out, batch)[rows, cols], nodes)
-    fit_own_layers(model, train, spec.fit_steps, spec.layers_learning_rate, spec.fit_rows)
+    fit_own_layers(model, train, spec.fit_steps, spec.layers_learning_rate, spec.fit_rows, batch=batch)
     pred = episode_values(model, held_out, batch)[rows, cols]
     return _report(before, quality(pred, nodes), pred[nodes.is_root], int(train.weight.sum()))
 
