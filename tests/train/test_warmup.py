@@ -20,13 +20,13 @@ from trace_jax.rollout.expand import expand_tree
 from trace_jax.train.warmup import (
     Readings,
     WarmupSpec,
+    _batched,
+    _predictor_input,
     episode_nodes,
     episode_values,
     fit_head,
     fit_own_layers,
     tree_episodes,
-    _batched,
-    _predictor_input,
     tree_readings,
     warm_up_predictor,
 )
@@ -100,8 +100,8 @@ def test_warm_up_fits_only_the_head_on_the_samplers_readings():
 
 def test_warm_up_with_own_layers_fits_only_the_predictor():
     """A predictor with a layer of its own: the episodes' V~ (one forward of the whole slot) are the sampler's
-    readings (its cache rows); the fit's split forward equals the whole one; the warm-up moves the predictor's layer and head and nothing else; and the fit lowers
-    the log loss of the episodes it was fitted on."""
+    readings (its cache rows); the fit's split forward equals the whole one; the warm-up moves the predictor's
+    layer and head and nothing else; and the fit lowers the log loss of the episodes it was fitted on."""
     env = tiny_env()
     model = with_predictor_layers(trained_policy(), 1)
     model.success_kernel[...] = jax.random.normal(jax.random.key(1), model.success_kernel.shape) * 0.3
