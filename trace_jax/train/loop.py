@@ -187,8 +187,11 @@ def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv | HostEnv, pools: 
             return refilled(*args, plan=plan, live_slots=live_slots, **kwargs)
     t0 = time.perf_counter()
     _, report = warm_up_predictor(model, env, pools, jax.random.key(cfg.seed + 3), spec, expand)
-    print(f"train: predictor warm-up on {w.batches} uniform-tree pools ({time.perf_counter() - t0:.0f} s), held out: "
-          f"root AUC {report['warmup/before/root_auc']:.3f} -> {report['warmup/root_auc']:.3f}, prefix AUC "
+    head = f"train: predictor warm-up on {w.batches} uniform-tree pools ({time.perf_counter() - t0:.0f} s), held out: "
+    if not report["warmup/root_nodes"]:
+        print(head + "no question (a quarter of the drawn questions is held out: raise warmup.batches for a report)")
+        return report
+    print(f"{head}root AUC {report['warmup/before/root_auc']:.3f} -> {report['warmup/root_auc']:.3f}, prefix AUC "
           f"{report['warmup/before/prefix_auc']:.3f} -> {report['warmup/prefix_auc']:.3f}, root ECE "
           f"{report['warmup/root_ece']:.3f}, prefix ECE {report['warmup/prefix_ece']:.3f}, std of prompt V~ "
           f"{report['warmup/root_v_std']:.3f}")

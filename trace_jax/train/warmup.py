@@ -282,6 +282,6 @@ def _report(before: dict[str, float], after: dict[str, float], root_v: np.ndarra
             ) -> dict[str, float]:
     report = {f"warmup/{k}": v for k, v in after.items()}
     report |= {f"warmup/before/{k}": v for k, v in before.items() if not k.endswith("_nodes")}
-    report["warmup/root_v_std"] = float(root_v.std())
+    report["warmup/root_v_std"] = float(root_v.std()) if root_v.size else float("nan")  # nan: no question held out
     report["warmup/train_nodes"] = train_nodes
     return report
