@@ -18,10 +18,11 @@ question. Printed:
   fitted on the other questions' turn nodes (so, like the head, they are scored on questions they were not fitted
   on): a logistic regression on the hidden state after each layer at the node's read position, one on all layers
   at once, and a one-hidden-layer MLP on all layers: how much of the knowable state a read of the base policy holds;
-  and a predictor with features of its own (`Tower`: a trainable copy of the top layer over the frozen layers below),
-  fitted on the same questions' episodes: its prefix AUC on the held-out questions and on the questions it was fitted
-  on (how much of what it learns carries to new prompts); and the same fitted on every training question's episodes
-  (ten times the prompts), scored on the test questions'.
+  and a predictor with features of its own (the policy's `predictor_layers: 1`: a trainable copy of the top layer
+  over the frozen layers below, fitted as the warm-up fits it) fitted on the same questions' episodes: its prefix AUC
+  on the held-out questions and on the questions it was fitted on (how much of what it learns carries to new
+  prompts); and the same fitted on every training question's episodes (ten times the prompts), scored on the test
+  questions'.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from tqdm.auto import tqdm
 
 from trace_jax.config import TrainConfig
 from trace_jax.data.hopworld_tfds import build_dataset
@@ -43,6 +43,7 @@ from trace_jax.models.qwen3 import Policy, with_predictor_layers
 from trace_jax.objectives import auc
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.tree import Tree
+from trace_jax.train.warmup import Episodes, episode_values, fit_own_layers, select
 
 
 def contrast_figures(reward: np.ndarray, hops: np.ndarray, group: int) -> dict[str, float]:
@@ -199,79 +200,29 @@ def probe_report(model: Policy, tree: Tree, slot: np.ndarray, turn: np.ndarray, 
     return out
 
 
-class Tower(nnx.Module):
-    """A predictor with features of its own: a trainable copy of the base policy's top `top` layers and final norm,
-    over the frozen layers below, with a zero-initialised success head (V~ = 0.5 before training)."""
-
-    def __init__(self, model: Policy, top: int) -> None:
-        self.layers = nnx.List([nnx.clone(layer) for layer in list(model.layers)[len(model.layers) - top:]])
-        self.norm = nnx.clone(model.norm)
-        self.kernel = nnx.Param(jnp.zeros((model.cfg.hidden_size,), jnp.float32))
-        self.bias = nnx.Param(jnp.zeros((), jnp.float32))
-
-    def hidden(self, x: jax.Array) -> jax.Array:
-        """[S, L, D] normed output of the copied layers for their input x [S, L, D] (causal)."""
-        where = jnp.broadcast_to(jnp.arange(x.shape[1], dtype=jnp.int32), x.shape[:2])
-        for layer in self.layers:
-            x, _ = layer(x, where, None, None)
-        return self.norm(x)
-
-    def __call__(self, x: jax.Array, reads: jax.Array) -> jax.Array:
-        """[S, P] logits of V~ at positions reads [S, P]."""
-        h = jnp.take_along_axis(self.hidden(x), reads[..., None], axis=1).astype(jnp.float32)
-        return h @ self.kernel[...] + self.bias[...]
+TOWER_TRAIN_EPISODES = 2  # episodes of each training question when the tower is fitted on the training split
 
 
-@nnx.jit(static_argnames="top")
-def below_top(model: Policy, tokens: jax.Array, top: int) -> jax.Array:
-    """[S, L, D] input to the top `top` layers of tokens [S, L] (the frozen features a `Tower` reads)."""
-    where = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-    x = jnp.take(model.embed_tokens[...], tokens, axis=0).astype(model.cfg.jnp_dtype)
-    for layer in list(model.layers)[: len(model.layers) - top]:
-        x, _ = layer(x, where, None, None)
-    return x
-
-
-@nnx.jit
-def _tower_step(tower: Tower, opt: nnx.Optimizer, x: jax.Array, reads: jax.Array, won: jax.Array,
-                nodes: jax.Array) -> jax.Array:
-    def loss(t: Tower) -> jax.Array:
-        per = optax.sigmoid_binary_cross_entropy(t(x, reads), won[:, None])
-        return jnp.sum(per * nodes) / jnp.maximum(nodes.sum(), 1.0)
-
-    value, grads = nnx.value_and_grad(loss)(tower)
-    opt.update(tower, grads)
-    return value
-
-
-_tower_logits = nnx.jit(lambda tower, x, reads: tower(x, reads))
-TOWER_TRAIN_EPISODES = 2  # episodes of each training question when the Tower is fitted on the training split
-
-
-def tower_report(model: Policy, tree: Tree, held: np.ndarray, batch: int, top: int = 1, steps: int = 800,
-                 rows: int = 16, learning_rate: float = 1e-3) -> dict[str, float]:
-    """root_auc_tower, prefix_auc_tower (the held [S] slots), prefix_auc_tower_fit (the others): a `Tower` fitted by
-    AdamW on the log loss of every node of the other slots (prompt and non-final turns) against its episode's
-    outcome, `steps` minibatches of `rows` slots."""
+def tower_report(base: Policy, tree: Tree, held: np.ndarray, batch: int, steps: int = 800, rows: int = 16,
+                 learning_rate: float = 1e-3) -> dict[str, float]:
+    """root_auc_tower, prefix_auc_tower (the held [S] slots), prefix_auc_tower_fit (the others): `base` with one
+    predictor layer of its own (`with_predictor_layers`; `base` is left as it is), fitted by `fit_own_layers` on the
+    log loss of every node of the other slots (prompt and non-final turns) against its episode's outcome, `steps`
+    minibatches of `rows` slots."""
+    if base.cfg.predictor_layers:
+        raise ValueError(f"the contrast bench fits a predictor layer of its own over a plain policy, and the base "
+                         f"policy has {base.cfg.predictor_layers}: point init_checkpoint at an SFT base")
+    tower = with_predictor_layers(base, 1)
     reads = np.asarray(tree.read_positions())  # [S, T+1]
-    tokens = np.asarray(tree.tokens)[:, : int(reads.max()) + 1]
-    x = np.concatenate([np.asarray(below_top(model, jnp.asarray(tokens[i:i + batch]), top))
-                        for i in range(0, len(tokens), batch)])
-    won = np.asarray(tree.reward) > 0.5
+    won = np.asarray(tree.reward, np.float32)
     nodes = np.arange(reads.shape[1])[None, :] < np.asarray(tree.num_turns)[:, None]  # [S, T+1]
-    tower = Tower(model, top)
-    opt = nnx.Optimizer(tower, optax.adamw(learning_rate, weight_decay=1e-2), wrt=nnx.Param)
-    fit, rng = np.nonzero(~held)[0], np.random.default_rng(0)
-    for _ in tqdm(range(steps), desc="tower fit", leave=False):
-        i = rng.choice(fit, min(rows, len(fit)), replace=False)
-        _tower_step(tower, opt, jnp.asarray(x[i]), jnp.asarray(reads[i]), jnp.asarray(won[i], jnp.float32),
-                    jnp.asarray(nodes[i], jnp.float32))
-    score = np.concatenate([np.asarray(_tower_logits(tower, jnp.asarray(x[i:i + batch]),
-                                                     jnp.asarray(reads[i:i + batch])))
-                            for i in range(0, len(x), batch)])  # [S, T+1] logits
+    episodes = Episodes(tokens=np.asarray(tree.tokens), reads=reads, target=np.repeat(won[:, None], reads.shape[1], 1),
+                        weight=nodes.astype(np.float32), outcome=won, question=np.arange(len(won), dtype=np.int32))
+    fit_own_layers(tower, select(episodes, ~held), steps, learning_rate, rows, batch=batch)
+    score = episode_values(tower, episodes, batch)  # [S, T+1] V~
     root = np.broadcast_to(np.arange(reads.shape[1]) == 0, nodes.shape)
     prefix = nodes & ~root
-    won_nodes = np.broadcast_to(won[:, None], nodes.shape)
+    won_nodes = np.broadcast_to(won[:, None] > 0.5, nodes.shape)
 
     def area(mask: np.ndarray) -> float:
         return float(auc(jnp.asarray(score[mask]), jnp.asarray(won_nodes[mask]), jnp.ones(int(mask.sum()), bool)))
@@ -293,7 +244,8 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
                          f"samples={samples}")
     build_dataset(cfg.data_dir, cfg.world)
     env = HopWorldEnv(build_world(cfg.world), cfg.world)
-    model = with_predictor_layers(base_policy(cfg), cfg.predictor_layers)
+    base = base_policy(cfg)
+    model = with_predictor_layers(base, cfg.predictor_layers)
     questions = held_out_questions(cfg)
     sampling = SamplingConfig(cfg.temperature, cfg.top_p)
     tree = rollout_questions(model, env, np.repeat(questions, samples), cfg.eval_batch, jax.random.key(cfg.seed + 11),
@@ -309,14 +261,14 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
         quarter = np.arange(len(tree.reward)) // samples % 4 == 0  # [S] the probes' held-out questions' slots
         out |= probe_report(model, tree, slot, turn, won, quarter[slot], cfg.eval_batch)
         out["prefix_auc_state_quarter"] = state_rate_auc(states, won, quarter[slot])
-        out |= tower_report(model, tree, quarter, cfg.eval_batch, steps=tower_steps)
+        out |= tower_report(base, tree, quarter, cfg.eval_batch, steps=tower_steps)
         out["tower_steps"] = tower_steps
         # the same fit on many more prompts: every training question's episodes, scored on the test questions'
         train_q = split_question_ids(cfg, "train")
         fitted = rollout_questions(model, env, np.repeat(train_q, TOWER_TRAIN_EPISODES), cfg.eval_batch,
                                    jax.random.key(cfg.seed + 12), sampling)
         both = jax.tree.map(lambda a, b: np.concatenate([a, b]), fitted, tree)
-        wide = tower_report(model, both, np.arange(len(both.reward)) >= len(fitted.reward), cfg.eval_batch,
+        wide = tower_report(base, both, np.arange(len(both.reward)) >= len(fitted.reward), cfg.eval_batch,
                             steps=tower_steps)
         out |= {f"{k}_train_split": v for k, v in wide.items()}
         out["tower_train_questions"] = len(train_q)
