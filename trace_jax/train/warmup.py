@@ -12,6 +12,7 @@ A quarter of the questions is held out and the predictor's quality on them is re
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import jax
@@ -180,8 +181,14 @@ def fit_head(kernel: jax.Array, bias: jax.Array, data: Readings, steps: int, lea
     convex for a linear head and its gradient does not vanish on a saturated sigmoid: a squared-error fit can
     push every logit to one side (V~ = 1 everywhere on a pool of mostly solved prompts) and never come back.
     """
+    p = (jnp.asarray(kernel, jnp.float32), jnp.asarray(bias, jnp.float32))
+    return _fit_head(p, jnp.asarray(data.features), jnp.asarray(data.target), steps, learning_rate, l2)
+
+
+@functools.partial(jax.jit, static_argnames=("steps", "learning_rate", "l2"))  # one program per setting
+def _fit_head(p: tuple[jax.Array, jax.Array], x: jax.Array, y: jax.Array, steps: int, learning_rate: float,
+              l2: float) -> tuple[jax.Array, jax.Array]:
     tx = optax.adam(learning_rate)
-    x, y = jnp.asarray(data.features), jnp.asarray(data.target)
 
     def loss(p):
         logit = x @ p[0] + p[1]
@@ -189,13 +196,10 @@ def fit_head(kernel: jax.Array, bias: jax.Array, data: Readings, steps: int, lea
 
     def body(carry, _):
         p, s = carry
-        g = jax.grad(loss)(p)
-        u, s = tx.update(g, s, p)
+        u, s = tx.update(jax.grad(loss)(p), s, p)
         return (optax.apply_updates(p, u), s), None
 
-    p = (jnp.asarray(kernel, jnp.float32), jnp.asarray(bias, jnp.float32))
-    (p, _), _ = jax.jit(lambda p: jax.lax.scan(body, (p, tx.init(p)), None, length=steps))(p)
-    return p
+    return jax.lax.scan(body, (p, tx.init(p)), None, length=steps)[0][0]
 
 
 @jax.jit
