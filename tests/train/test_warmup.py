@@ -112,9 +112,8 @@ def test_warm_up_with_own_layers_fits_only_the_predictor():
     e = tree_episodes(tree)
     nodes, rows, cols = episode_nodes(e)
     assert nodes.is_root.sum() >= 4 and (~nodes.is_root).sum() > nodes.is_root.sum()
-    own = np.asarray(node_targets(tree)[1]).sum(1) > 0  # the slots tree_episodes keeps
     np.testing.assert_allclose(episode_values(model, e, batch=64)[rows, cols],
-                               np.asarray(tree.success)[own][rows, cols], atol=1e-5)
+                               np.asarray(tree.success)[e.slot[rows], cols], atol=1e-5)
     # the fit runs the predictor's layers alone on what the layers below fed them (computed once, in batches that
     # do not divide the slots) over positions cut after the last read: V~'s input there is a whole forward's (on a
     # policy with layers below its top one: the toy has one)

@@ -217,7 +217,8 @@ def tower_report(base: Policy, tree: Tree, held: np.ndarray, batch: int, steps: 
     won = np.asarray(tree.reward, np.float32)
     nodes = np.arange(reads.shape[1])[None, :] < np.asarray(tree.num_turns)[:, None]  # [S, T+1]
     episodes = Episodes(tokens=np.asarray(tree.tokens), reads=reads, target=np.repeat(won[:, None], reads.shape[1], 1),
-                        weight=nodes.astype(np.float32), outcome=won, question=np.arange(len(won), dtype=np.int32))
+                        weight=nodes.astype(np.float32), outcome=won, question=np.arange(len(won), dtype=np.int32),
+                        slot=np.arange(len(won), dtype=np.int32))
     fit_own_layers(tower, select(episodes, ~held), steps, learning_rate, rows, batch=batch)
     score = episode_values(tower, episodes, batch)  # [S, T+1] V~
     root = np.broadcast_to(np.arange(reads.shape[1]) == 0, nodes.shape)

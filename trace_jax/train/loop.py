@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,11 +31,9 @@ from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.evaluate import predictor_quality, rollout_questions, success_by_hops
 from trace_jax.metrics import MetricsLogger, plot_metrics, plot_reliability, read_metrics, rewind_jsonl
 from trace_jax.models.qwen3 import Policy, with_predictor_layers
-from trace_jax.rollout.chunks import expand_in_chunks, rollout_chunk, runs_in_chunks
 from trace_jax.rollout.engine import SamplingConfig
-from trace_jax.rollout.expand import Pool, expand_tree
-from trace_jax.rollout.host import expand_host, expand_host_refilled, rollout_host_chunk
-from trace_jax.rollout.refill import expand_refilled, runs_refilled
+from trace_jax.rollout.expand import Pool
+from trace_jax.rollout.schedule import expand_scheduled
 from trace_jax.sft import run_sft, split_questions
 from trace_jax.train.checkpoint import (
     RunCheckpoints,
@@ -156,10 +155,10 @@ def initial_state(cfg: TrainConfig, params: nnx.State, tx: optax.GradientTransfo
 
 
 def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv | HostEnv, pools: Callable[[int], Pool] | None = None,
-            pad_id: int = protocol.PAD, expand: Callable = expand_tree) -> dict[str, float]:
+            pad_id: int = protocol.PAD, host: bool = False) -> dict[str, float]:
     """Fits the success predictor of `model` (in place) on uniform trees of the base policy; {} if disabled.
-    pools(i): the i-th warm-up pool (default: HopWorld's training loader on its own stream); expand: as in
-    `warm_up_predictor`."""
+    pools(i): the i-th warm-up pool (default: HopWorld's training loader on its own stream); host: `env` is a
+    `HostEnv`. The trees are expanded as the run's steps are: in chunks or on refilled rows (`expand_scheduled`)."""
     w = cfg.warmup
     if w.batches == 0:
         return {}
@@ -170,21 +169,7 @@ def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv | HostEnv, pools: 
                       fit_steps=w.fit_steps, learning_rate=w.learning_rate,
                       sampling=SamplingConfig(cfg.temperature, cfg.top_p), pad_id=pad_id, fit_rows=w.fit_rows,
                       layers_learning_rate=w.layers_learning_rate)
-    whole = expand
-    if cfg.chunk_slots:
-        run_chunk = rollout_host_chunk if expand is expand_host else rollout_chunk
-
-        def expand(*args, plan: Plan, **kwargs):  # the same trees, chunk_slots slots at a time where they exceed it
-            if not runs_in_chunks(plan, cfg.chunk_slots):
-                return whole(*args, plan=plan, **kwargs)
-            return expand_in_chunks(*args, plan=plan, chunk_slots=cfg.chunk_slots, run_chunk=run_chunk, **kwargs)[:3]
-    elif live_slots := refill_rows(cfg):
-        refilled = expand_host_refilled if expand is expand_host else expand_refilled
-
-        def expand(*args, plan: Plan, **kwargs):  # the same trees, on live_slots rows where they are fewer
-            if not runs_refilled(plan, live_slots):
-                return whole(*args, plan=plan, **kwargs)
-            return refilled(*args, plan=plan, live_slots=live_slots, **kwargs)
+    expand = functools.partial(expand_scheduled, host=host, chunk_slots=cfg.chunk_slots, live_slots=refill_rows(cfg))
     t0 = time.perf_counter()
     _, report = warm_up_predictor(model, env, pools, jax.random.key(cfg.seed + 3), spec, expand)
     head = f"train: predictor warm-up on {w.batches} uniform-tree pools ({time.perf_counter() - t0:.0f} s), held out: "

@@ -33,11 +33,10 @@ from trace_jax.metrics import MetricsLogger, plot_metrics, read_metrics, rewind_
 from trace_jax.models import from_pretrained, save_pretrained
 from trace_jax.models.qwen3 import Policy, with_predictor_layers
 from trace_jax.retrieval.client import RetrieverClient
-from trace_jax.rollout.chunks import Chunk, expand_in_chunks, runs_in_chunks
+from trace_jax.rollout.chunks import Chunk, runs_in_chunks
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
-from trace_jax.rollout.host import expand_host, expand_host_refilled, rollout_host_chunk
-from trace_jax.rollout.refill import runs_refilled
+from trace_jax.rollout.schedule import expand_scheduled
 from trace_jax.rollout.tree import Tree
 from trace_jax.train.checkpoint import (
     RunCheckpoints,
@@ -115,15 +114,9 @@ def evaluate(model: Policy, env: SearchQAEnv, questions: Questions, cfg: TrainCo
 
 def expand_step(model: Policy, env: SearchQAEnv, pool: Pool, key: jax.Array, spec: StepSpec, chunk_slots: int
                 ) -> tuple[Tree, jax.Array, dict[str, jax.Array], list[Chunk] | None]:
-    """(tree, pool_v, stats, chunks) of one step with the environment on the host: `expand_host`,
-    `expand_in_chunks` of chunk_slots slots (chunks None when not chunked), or on spec.refill_slots refilled rows."""
-    kwargs = dict(plan=spec.plan, sampling=spec.sampling, pad_id=spec.pad_id, mesh=spec.mesh)
-    if runs_in_chunks(spec.plan, chunk_slots):
-        return expand_in_chunks(model, env, pool, key, chunk_slots=chunk_slots, run_chunk=rollout_host_chunk,
-                                **kwargs)
-    if runs_refilled(spec.plan, spec.refill_slots):
-        return (*expand_host_refilled(model, env, pool, key, live_slots=spec.refill_slots, **kwargs), None)
-    return (*expand_host(model, env, pool, key, **kwargs), None)
+    """(tree, pool_v, stats, chunks) of one step of `spec` with the environment on the host (`expand_scheduled`)."""
+    return expand_scheduled(model, env, pool, key, plan=spec.plan, sampling=spec.sampling, pad_id=spec.pad_id,
+                            host=True, chunk_slots=chunk_slots, live_slots=spec.refill_slots, mesh=spec.mesh)
 
 
 def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = False,
@@ -143,7 +136,7 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
     model = with_predictor_layers(from_pretrained(cfg.search_qa.policy_dir, mesh=mesh), cfg.predictor_layers)
     pad_id = tokenizer.pad_token_id
     warmup = {} if resume else warm_up(cfg, model, env, lambda i: pool_at(cfg, questions, i, mesh, stream=1), pad_id,
-                                       expand_host)  # a resumed state already holds the warmed-up head
+                                       host=True)  # a resumed state already holds the warmed-up head
     graphdef, params = nnx.split(model)
     tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm, cfg.head_learning_rate)
     state = initial_state(cfg, params, tx)

@@ -56,6 +56,7 @@ class Episodes:
     weight: jax.Array  # [S, T+1] float32 1 on each distinct read node, once
     outcome: jax.Array  # [S] float32 the slot's reward
     question: jax.Array  # [S] int32 the slot's question
+    slot: jax.Array  # [S] int32 the slot's row in the tree it came from
 
 
 @nnx.jit
@@ -71,13 +72,9 @@ _node_targets = jax.jit(node_targets)  # one program (eagerly, each small op com
 
 def tree_readings(model: Policy, tree: Tree) -> Readings:
     """The distinct, read nodes of `tree` as predictor data (numpy, gathered from every process)."""
-    hidden = shd.to_host(read_hidden(model, tree.tokens, tree.read_positions()))
-    tree = shd.to_host(tree)
-    targets, weight = map(np.asarray, _node_targets(tree))
-    rows, cols = np.nonzero(weight > 0)
-    return Readings(features=hidden[rows, cols], target=targets[rows, cols],
-                    outcome=np.asarray(tree.reward)[rows].astype(np.float32), is_root=cols == 0,
-                    question=np.asarray(tree.question)[rows].astype(np.int32))
+    hidden = shd.to_host(read_hidden(model, tree.tokens, tree.read_positions()))  # [S, T+1, D]
+    nodes, rows, cols = episode_nodes(e := tree_episodes(tree))
+    return dataclasses.replace(nodes, features=hidden[e.slot[rows], cols])
 
 
 def tree_episodes(tree: Tree) -> Episodes:
@@ -87,11 +84,12 @@ def tree_episodes(tree: Tree) -> Episodes:
     own = weight.sum(1) > 0
     return Episodes(tokens=np.asarray(tree.tokens)[own], reads=np.asarray(tree.read_positions())[own],
                     target=targets[own], weight=weight[own], outcome=np.asarray(tree.reward, np.float32)[own],
-                    question=np.asarray(tree.question)[own].astype(np.int32))
+                    question=np.asarray(tree.question)[own].astype(np.int32),
+                    slot=np.flatnonzero(own).astype(np.int32))
 
 
 def episode_nodes(e: Episodes) -> tuple[Readings, np.ndarray, np.ndarray]:
-    """(the distinct read nodes of `e` as `Readings` without features, their slots [K], their columns [K])."""
+    """(the distinct read nodes of `e` as `Readings` without features, their episodes [K], their columns [K])."""
     rows, cols = np.nonzero(e.weight > 0)
     return Readings(features=None, target=e.target[rows, cols], outcome=e.outcome[rows], is_root=cols == 0,
                     question=e.question[rows]), rows, cols
@@ -240,7 +238,8 @@ class WarmupSpec:
 def warm_up_predictor(model: Policy, env: JaxEnv | HostEnv, pools: Callable[[int], Pool], key: jax.Array,
                       spec: WarmupSpec, expand: Callable = expand_tree) -> tuple[Policy, dict[str, float]]:
     """(model with a fitted success predictor, report). `pools(i)` is the i-th pool of prompts to roll out, by
-    `expand`: `expand_tree` for a JAX env, `rollout.host.expand_host` for a host env.
+    `expand` (its tree first of what it returns): `expand_tree` for a JAX env, `rollout.host.expand_host` for a
+    host env, `rollout.schedule.expand_scheduled` as a run's steps expand.
 
     The report holds the held-out quality before ("warmup/before/...") and after ("warmup/...") the fit, plus
     the std of V~ over held-out prompt nodes.
@@ -250,8 +249,8 @@ def warm_up_predictor(model: Policy, env: JaxEnv | HostEnv, pools: Callable[[int
     own = model.cfg.predictor_layers > 0
     parts = []
     for i in tqdm(range(spec.batches), desc="predictor warm-up", leave=False):
-        tree, _, _ = expand(model, env, pools(i), jax.random.fold_in(key, i), plan=plan, sampling=spec.sampling,
-                            pad_id=spec.pad_id)
+        tree = expand(model, env, pools(i), jax.random.fold_in(key, i), plan=plan, sampling=spec.sampling,
+                      pad_id=spec.pad_id)[0]
         parts.append(tree_episodes(tree) if own else tree_readings(model, tree))
     data = concat(parts)
     held = np.random.default_rng(0).random(int(data.question.max()) + 1) < 0.25  # by question
