@@ -154,6 +154,23 @@ def initial_state(cfg: TrainConfig, params: nnx.State, tx: optax.GradientTransfo
     return jax.jit(build)(params)
 
 
+def run_state(cfg: TrainConfig, params: nnx.State, resume_from: int | None, allow_config_change: bool = False
+              ) -> tuple[optax.GradientTransformation, TrainState, RunCheckpoints, int, Budget | None]:
+    """(optimizer, state, the run's checkpoints, first step, budget) of a run over `params`: fresh (step 0; budget
+    None, for the caller to size), or restored from its newest checkpoint, expected at step resume_from, with the
+    budget saved there."""
+    tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm, cfg.head_learning_rate)
+    state = initial_state(cfg, params, tx)
+    ckpts = RunCheckpoints(run_checkpoints_dir(cfg), cfg.keep_checkpoints)
+    if resume_from is None:
+        return tx, state, ckpts, 0, None
+    start, state, meta = ckpts.restore_latest(abstract_state(state))
+    if start != resume_from:  # fell back past a corrupt checkpoint: check the config that one was saved with
+        check_resume_config(cfg, start, meta["config"], allow_config_change)
+    print(f"train: resumed from step {start} ({ckpts.directory})")
+    return tx, state, ckpts, start, Budget(meta["roots"], meta["continuations"], meta["group_size"])
+
+
 def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv | HostEnv, pools: Callable[[int], Pool] | None = None,
             pad_id: int = protocol.PAD, host: bool = False) -> dict[str, float]:
     """Fits the success predictor of `model` (in place) on uniform trees of the base policy; {} if disabled.
@@ -295,17 +312,8 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
     model = with_predictor_layers(base_policy(cfg), cfg.predictor_layers)
     warmup = {} if resume else warm_up(cfg, model, env)  # a resumed state already holds the warmed-up head
     graphdef, params = placed(model, mesh)
-    tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm, cfg.head_learning_rate)
-    state = initial_state(cfg, params, tx)
-    ckpts = RunCheckpoints(run_checkpoints_dir(cfg), cfg.keep_checkpoints)
-    start = 0
-    if resume:
-        start, state, meta = ckpts.restore_latest(abstract_state(state))
-        if start != checked:  # fell back past a corrupt checkpoint: check the config that one was saved with
-            check_resume_config(cfg, start, meta["config"], allow_config_change)
-        budget = Budget(meta["roots"], meta["continuations"], meta["group_size"])
-        print(f"train: resumed from step {start} ({ckpts.directory})")
-    else:
+    tx, state, ckpts, start, budget = run_state(cfg, params, checked if resume else None, allow_config_change)
+    if budget is None:
         budget = equal_cost_budget(cfg, lambda spec: make_step(graphdef, tx, spec, cfg.chunk_slots)(
             jax.tree.map(jnp.copy, state), env, global_pool(loader, 0, mesh), jax.random.key(cfg.seed + 1))[1],
             mesh=mesh)

@@ -38,26 +38,19 @@ from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
 from trace_jax.rollout.schedule import expand_scheduled
 from trace_jax.rollout.tree import Tree
-from trace_jax.train.checkpoint import (
-    RunCheckpoints,
-    abstract_state,
-    check_resume_config,
-    newest_meta,
-    run_checkpoints_dir,
-)
+from trace_jax.train.checkpoint import check_resume_config, newest_meta, run_checkpoints_dir
 from trace_jax.train.chunked import ChunkedStep
 from trace_jax.train.loop import (
     ALLOCATION_FILE,
-    Budget,
     checkpoint_step,
     equal_cost_budget,
-    initial_state,
     record_step,
+    run_state,
     step_spec,
     warm_up,
 )
 from trace_jax.train.preemption import sigterm_stops
-from trace_jax.train.step import StepSpec, build_update, make_optimizer, rollout_metrics
+from trace_jax.train.step import StepSpec, build_update, rollout_metrics
 
 ANSWERS_FILE = "eval_answers.jsonl"  # one line per evaluated question: {"step", "dataset", "question", "response", ...}
 PLOT_KEYS = ("reward", "effective_ratio", "eval/average/em", "eval/average/f1", "predictor_loss", "root_auc",
@@ -138,17 +131,8 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
     warmup = {} if resume else warm_up(cfg, model, env, lambda i: pool_at(cfg, questions, i, mesh, stream=1), pad_id,
                                        host=True)  # a resumed state already holds the warmed-up head
     graphdef, params = nnx.split(model)
-    tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm, cfg.head_learning_rate)
-    state = initial_state(cfg, params, tx)
-    ckpts = RunCheckpoints(run_checkpoints_dir(cfg), cfg.keep_checkpoints)
-    start = 0
-    if resume:
-        start, state, meta = ckpts.restore_latest(abstract_state(state))
-        if start != checked:
-            check_resume_config(cfg, start, meta["config"], allow_config_change)
-        budget = Budget(meta["roots"], meta["continuations"], meta["group_size"])
-        print(f"train: resumed from step {start} ({ckpts.directory})")
-    else:
+    tx, state, ckpts, start, budget = run_state(cfg, params, checked if resume else None, allow_config_change)
+    if budget is None:
         def probe(spec):
             pool = pool_at(cfg, questions, 0, mesh)
             tree, _, stats, _ = expand_step(model, env, pool, jax.random.key(cfg.seed + 1), spec, cfg.chunk_slots)
