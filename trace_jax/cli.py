@@ -74,7 +74,7 @@ def _bench_sampler(args: argparse.Namespace) -> int:
     from trace_jax.bench.sampler import run_sampler_bench
 
     run_sampler_bench(args.checkpoint, args.batch, args.prompt_len, args.steps, args.mid_batch, args.skip_mid,
-                      args.repeats)
+                      args.repeats, args.dtype)
     return 0
 
 
@@ -365,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     sampler.add_argument("--skip-mid", action="store_true", help="skip the ~135M-parameter mid-size model")
     sampler.add_argument("--repeats", type=_positive_int, default=5,
                          help="timed runs per side (median and spread printed)")
+    sampler.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                         help="weights and compute of both sides of the tokens/s table (transformers loads the same "
+                              "rounded weights)")
     sampler.set_defaults(func=_bench_sampler)
     solver = bench.add_parser("solver", help="compile/run time and memory of the exact allocation solvers")
     solver.add_argument("--pool-sizes", type=_positive_ints, default=(256, 512),

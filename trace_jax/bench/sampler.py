@@ -24,8 +24,9 @@ from trace_jax.config import SFTConfig, TrainConfig
 from trace_jax.envs.hopworld import HopWorldConfig, build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.evaluate import question_pool
-from trace_jax.models import ModelConfig, Policy, save_pretrained
+from trace_jax.models import ModelConfig, Policy, from_pretrained, save_pretrained
 from trace_jax.models.jit import jit_with_model
+from trace_jax.models.qwen3 import matmul
 from trace_jax.rollout import expand as ex
 from trace_jax.rollout import refill
 from trace_jax.rollout.engine import SamplingConfig, TurnSpec, generate_turn, max_len, run_turns
@@ -97,13 +98,15 @@ def decode_flops_per_token(cfg: ModelConfig, context: int) -> int:
 
 
 def dot_flops_per_s(rows: int, cfg: ModelConfig, repeats: int = 5) -> np.ndarray:
-    """FLOP/s of a plain jitted `jnp.dot` [rows, hidden] x [hidden, intermediate] (the MLP's up projection of one
-    decode step) per timed run: the matmul limit of this machine at the sampler's shapes."""
+    """FLOP/s of a jitted matmul [rows, hidden] x [hidden, intermediate] in the model's dtype, as the model runs
+    its matmuls (`qwen3.matmul`; in float32 a plain `jnp.dot`), the MLP's up projection of one decode step, per
+    timed run: the matmul limit of this machine at the sampler's shapes."""
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(rows, cfg.hidden_size)), cfg.jnp_dtype)
     w = jnp.asarray(rng.normal(size=(cfg.hidden_size, cfg.intermediate_size)), cfg.jnp_dtype)
     calls = 50  # one timed run: this many dots, each depending on the last (no call is skipped)
-    chain = jax.jit(lambda x, w: jax.lax.fori_loop(0, calls, lambda _, y: (y @ w)[:, : x.shape[1]] * 1e-3, x))
+    chain = jax.jit(lambda x, w: jax.lax.fori_loop(
+        0, calls, lambda _, y: matmul("rd,df->rf", y, w)[:, : x.shape[1]] * 1e-3, x))
     times, _, _ = _repeat(chain, repeats, x, w)
     return 2 * rows * cfg.hidden_size * cfg.intermediate_size * calls / times
 
@@ -137,7 +140,8 @@ class _NullEnv:
 
 def transformers_tokens_per_s(model: Policy, batch: int, prompt_len: int, steps: int, repeats: int = 5,
                               seed: int = 0) -> np.ndarray:
-    """Generated tokens/s of transformers' PyTorch `generate` (sampling) on the same weights, per timed run."""
+    """Generated tokens/s of transformers' PyTorch `generate` (sampling) on the same weights, in the model's dtype,
+    per timed run."""
     import torch
     from transformers import Qwen3ForCausalLM
     from transformers.utils import logging as hf_logging
@@ -145,7 +149,7 @@ def transformers_tokens_per_s(model: Policy, batch: int, prompt_len: int, steps:
     hf_logging.disable_progress_bar()
     with tempfile.TemporaryDirectory() as d:
         save_pretrained(model, d)
-        ref = Qwen3ForCausalLM.from_pretrained(d).eval()
+        ref = Qwen3ForCausalLM.from_pretrained(d, dtype=getattr(torch, model.cfg.dtype)).eval()
     ids = torch.as_tensor(np.random.default_rng(seed).integers(0, model.cfg.vocab_size, (batch, prompt_len)))
     kwargs = dict(max_new_tokens=steps, min_new_tokens=steps, do_sample=True, top_k=0, pad_token_id=0)
     times = []
@@ -269,24 +273,38 @@ def hopworld_policy(checkpoint: str | None) -> Policy:
     return init_policy(SFTConfig().model, seed=0)
 
 
+def in_dtype(model: Policy, dtype: str) -> Policy:
+    """`model` with its weights rounded to `dtype` and computing in it (through an HF checkpoint, as transformers
+    loads the same weights)."""
+    if model.cfg.dtype == dtype and model.cfg.param_dtype == dtype:
+        return model
+    with tempfile.TemporaryDirectory() as d:
+        save_pretrained(model, d)
+        return from_pretrained(d, dtype=dtype)
+
+
 def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps: int, mid_batch: int,
-                      skip_mid: bool, repeats: int) -> None:
+                      skip_mid: bool, repeats: int, dtype: str = "float32") -> None:
+    """dtype: of both sides of the throughput table (the tree, expansion and update sections run the HopWorld
+    policy as it is)."""
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
     policy = hopworld_policy(checkpoint)
     sizes = [("hopworld", policy, batch)] + ([] if skip_mid else [("mid-size", init_policy(MID_SIZE, 0), mid_batch)])
-    print(f"sampler: {prompt_len}-token prompts, {steps} sampled tokens per row (temperature 1); "
+    print(f"sampler: {prompt_len}-token prompts, {steps} sampled tokens per row (temperature 1), {dtype}; "
           f"{repeats} timed runs per side after a warm-up, median [min-max]")
     print(f"threads: ours XLA CPU on {os.cpu_count()} cores, transformers torch.get_num_threads()="
           f"{torch.get_num_threads()}")
     print("  ours: the prompts' prefill and the decode loop, as transformers' generate; decode: the loop alone (each "
           "run times the two apart). GFLOP/s: the decode loop at the useful FLOPs of a token (projections, output "
-          "head, attention over the tokens before it); dot: a jitted jnp.dot [batch, hidden] x [hidden, MLP width], "
-          "this machine's matmul limit at a decode step's shapes, measured in this run")
+          "head, attention over the tokens before it); dot: a jitted matmul [batch, hidden] x [hidden, MLP width] as "
+          "the model runs its matmuls (qwen3.matmul: jnp.dot in float32), this machine's matmul limit at a decode "
+          "step's shapes, measured in this run")
     print(f"{'model':>10} {'params':>8} {'batch':>6} {'ours tok/s':>22} {'HF tok/s':>22} {'ratio':>6} "
           f"{'compile s':>10} {'decode tok/s':>22} {'GFLOP/s':>8} {'dot':>7} {'of dot':>7}")
     for name, model, b in sizes:
+        model = in_dtype(model, dtype)
         params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
         ours, decode, compile_s = sampler_tokens_per_s(model, b, prompt_len, steps, repeats)
         theirs = transformers_tokens_per_s(model, b, prompt_len, steps, repeats)
