@@ -2,6 +2,7 @@
 
 import re
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -9,6 +10,7 @@ from toy import TINY_POLICY, tiny_env
 from trace_jax.bench.sampler import (
     decode_flops_per_token,
     dot_flops_per_s,
+    in_dtype,
     sampler_tokens_per_s,
     tree_fork_vs_reprefill,
 )
@@ -83,6 +85,19 @@ def test_decode_flops_count_every_projection_and_the_attention_by_hand():
     assert decode_flops_per_token(cfg, context=5) == 2 * (2 * (72 + 72 + 60) + 4 * 10)
     rates = dot_flops_per_s(8, cfg, repeats=2)
     assert rates.shape == (2,) and (rates > 0).all()
+
+
+def test_the_benchs_bfloat16_policy_holds_the_same_weights_rounded():
+    model = init_policy(TINY_POLICY, 0)
+    assert in_dtype(model, "float32") is model
+    bf16 = in_dtype(model, "bfloat16")
+    assert bf16.cfg.dtype == bf16.cfg.param_dtype == "bfloat16"
+    for name in ("embed_tokens", "lm_head"):
+        ours = np.asarray(getattr(bf16, name)[...])
+        assert ours.dtype == jnp.bfloat16, name
+        np.testing.assert_array_equal(ours, np.asarray(getattr(model, name)[...]).astype(jnp.bfloat16))
+    np.testing.assert_array_equal(bf16.layers[0].mlp.up_proj[...],
+                                  np.asarray(model.layers[0].mlp.up_proj[...]).astype(jnp.bfloat16))
 
 
 def _slot(world, question, docs, invalid_at=()):
