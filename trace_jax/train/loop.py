@@ -175,7 +175,7 @@ def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv | HostEnv, pools: 
             pad_id: int = protocol.PAD, host: bool = False) -> dict[str, float]:
     """Fits the success predictor of `model` (in place) on uniform trees of the base policy; {} if disabled.
     pools(i): the i-th warm-up pool (default: HopWorld's training loader on its own stream); host: `env` is a
-    `HostEnv`. The trees are expanded as the run's steps are: in chunks or on refilled rows (`expand_scheduled`)."""
+    `HostEnv`. The trees are expanded in chunks of chunk_slots slots, or on refill_slots rows (`expand_scheduled`)."""
     w = cfg.warmup
     if w.batches == 0:
         return {}
