@@ -239,7 +239,7 @@ def warm_up_predictor(model: Policy, env: JaxEnv | HostEnv, pools: Callable[[int
                       spec: WarmupSpec, expand: Callable = expand_tree) -> tuple[Policy, dict[str, float]]:
     """(model with a fitted success predictor, report). `pools(i)` is the i-th pool of prompts to roll out, by
     `expand` (its tree first of what it returns): `expand_tree` for a JAX env, `rollout.host.expand_host` for a
-    host env, `rollout.schedule.expand_scheduled` as a run's steps expand.
+    host env, `rollout.schedule.expand_scheduled` in chunks or on refilled rows.
 
     The report holds the held-out quality before ("warmup/before/...") and after ("warmup/...") the fit, plus
     the std of V~ over held-out prompt nodes.
