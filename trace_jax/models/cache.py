@@ -58,3 +58,24 @@ class KVCache:
     def with_lengths(self, lengths: jax.Array) -> KVCache:
         """Same cache, truncated (logically) to `lengths` [rows] positions per row."""
         return dataclasses.replace(self, lengths=lengths.astype(jnp.int32))
+
+
+def write_positions(cache: jax.Array, positions: jax.Array, new: jax.Array) -> jax.Array:
+    """cache [rows, kv_heads, cache_len, head_dim] with new [rows, positions, kv_heads, head_dim] written at
+    positions [rows, positions] (those >= cache_len dropped).
+
+    A decode step's one position per row, in a bfloat16 cache on a CPU, is written by a select over the whole
+    cache: XLA:CPU would scatter bfloat16 by converting the whole cache to float32 and back at every step (README:
+    the sampler section). Everywhere else a scatter writes the new positions only."""
+    new = new.astype(cache.dtype)
+
+    def scatter(cache: jax.Array, positions: jax.Array, new: jax.Array) -> jax.Array:
+        return cache.at[jnp.arange(cache.shape[0])[:, None], :, positions].set(new, mode="drop")
+
+    def select(cache: jax.Array, positions: jax.Array, new: jax.Array) -> jax.Array:
+        at = jnp.arange(cache.shape[2]) == positions  # [rows, cache_len]
+        return jnp.where(at[:, None, :, None], jnp.swapaxes(new, 1, 2), cache)
+
+    if new.shape[1] > 1 or cache.dtype != jnp.bfloat16:
+        return scatter(cache, positions, new)
+    return jax.lax.platform_dependent(cache, positions, new, cpu=select, default=scatter)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from trace_jax.models.cache import KVCache
+from trace_jax.models.cache import KVCache, write_positions
 from trace_jax.models.config import ModelConfig
 
 
@@ -111,9 +111,7 @@ class Attention(nnx.Module):
         if layer_kv is None:  # keys and values [rows, kv_heads, positions, head_dim], the cache's layout
             keys, values, key_pos = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2), positions
         else:
-            rows = jnp.arange(x.shape[0])[:, None]
-            keys = layer_kv[0].at[rows, :, positions].set(k, mode="drop")
-            values = layer_kv[1].at[rows, :, positions].set(v, mode="drop")
+            keys, values = write_positions(layer_kv[0], positions, k), write_positions(layer_kv[1], positions, v)
             key_pos = jnp.broadcast_to(jnp.arange(keys.shape[2]), (keys.shape[0], keys.shape[2]))
         b, t, n, h = q.shape
         groups = n // cfg.num_kv_heads
