@@ -22,6 +22,7 @@ from trace_jax import sharding as shd
 from trace_jax.cli import main
 from trace_jax.config import MeshConfig, TrainConfig, load_config
 from trace_jax.envs.hopworld.vocab import VOCAB_SIZE
+from trace_jax.envs.search_qa.config import SearchQAConfig
 from trace_jax.evaluate import question_pool
 from trace_jax.memory import CHIPS, HEADROOM, check_fits, plan_config
 from trace_jax.memory.plan import GiB, plan_memory, step_shape
@@ -263,3 +264,12 @@ def recipe_cells(cfg: TrainConfig, chip: str, chips: int) -> str:
     return " | ".join([f"{mesh[0]}, {mesh[1]}, {mesh[2]}", str(shape.slot_len), str(at.slots), gib(at.params_bytes),
                        gib(at.optimizer_bytes), gib(at.kv_cache_bytes), gib(at.activation_bytes), gib(at.total_bytes),
                        fits])
+
+
+def test_search_qa_plans_its_compute_dtype():
+    """`search_qa.dtype: bfloat16` keeps float32 parameters and Adam's moments and halves the KV caches."""
+    cfg = TrainConfig(env="search_qa", search_qa=SearchQAConfig(policy_dir="/nonexistent"))
+    plans = [plan_memory(step_shape(dataclasses.replace(cfg, search_qa=dataclasses.replace(cfg.search_qa, dtype=d)),
+                                    "qwen3-8b"), CHIPS["v5p"], (8, 1, 1)) for d in ("float32", "bfloat16")]
+    assert plans[1].params_bytes == plans[0].params_bytes and plans[1].optimizer_bytes == plans[0].optimizer_bytes
+    assert plans[1].kv_cache_bytes * 2 == plans[0].kv_cache_bytes

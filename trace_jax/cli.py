@@ -133,7 +133,7 @@ def _eval(args: argparse.Namespace) -> int:
     if (checkpoint / "config.json").is_file():
         from trace_jax.models import from_pretrained
 
-        model = from_pretrained(checkpoint)
+        model = from_pretrained(checkpoint, compute_dtype=cfg.search_qa.dtype)
     else:
         from trace_jax.checkpoints import load_model
 

@@ -13,6 +13,7 @@ from flax import nnx
 from transformers import Qwen3ForCausalLM
 
 from tiny_qwen3 import write_tiny_qwen3
+from trace_jax.envs.search_qa.config import SearchQAConfig
 from trace_jax.models import ModelConfig, Policy, from_pretrained, save_pretrained, with_predictor_layers
 
 
@@ -119,6 +120,10 @@ def test_unknown_dtype_is_refused_by_name(tmp_path, bad):
         SMALL.with_dtype(bad)
     with pytest.raises(ValueError, match=rf"from_pretrained: dtype={re.escape(repr(bad))}.*{allowed}"):
         from_pretrained(tmp_path / "not-read", dtype=bad)  # refused before any file is read
+    with pytest.raises(ValueError, match=rf"from_pretrained: compute_dtype={re.escape(repr(bad))}.*{allowed}"):
+        from_pretrained(tmp_path / "not-read", compute_dtype=bad)
+    with pytest.raises(ValueError, match=rf"search_qa.dtype={re.escape(repr(bad))}.*{allowed}"):
+        SearchQAConfig(dtype=bad)
 
 
 @pytest.fixture

@@ -101,3 +101,8 @@ def test_bfloat16_forward_tracks_float32(tiny_qwen3):
     assert b.dtype == jnp.float32  # logits are returned in float32 for sampling
     # bf16 has ~3 significant digits; logits here are O(1).
     assert np.abs(np.asarray(a) - np.asarray(b)).max() < 0.1 * max(1.0, float(np.abs(a).max()))
+    # mixed precision: float32 parameters, rounded to bfloat16 where they are used, compute as the bfloat16 model
+    mixed = from_pretrained(hf_dir, compute_dtype="bfloat16")
+    assert mixed.cfg.param_dtype == "float32" and mixed.cfg.dtype == "bfloat16"
+    np.testing.assert_array_equal(mixed.layers[0].mlp.up_proj[...], f32.layers[0].mlp.up_proj[...])
+    np.testing.assert_array_equal(forward(mixed, ids).logits, b)

@@ -68,3 +68,15 @@ def test_trace_steps_a_dead_retriever_resume_evaluation_and_export(kit, serve, t
     assert [a["dataset"] for a in answers] == ["nq"] * 4 + ["hotpotqa"] * 4 and all(a["response"] for a in answers)
     assert all(a["em"] == a["reward"] for a in logged + answers)  # EM is what the environment rewarded
     assert np.mean([a["f1"] for a in answers if a["dataset"] == "nq"]) == scores["eval/nq/f1"]
+
+
+def test_the_run_loads_its_policy_in_search_qa_dtype(kit):
+    """`search_qa.dtype` reaches the run's policy: float32 weights computing in bfloat16 (mixed precision)."""
+    from trace_jax.config import TrainConfig, load_config
+    from trace_jax.train.search_qa import load_policy
+
+    cfg = load_config(TrainConfig, "configs/searchqa_tiny.yaml",
+                      [f"search_qa.policy_dir={kit / 'policy'}", "search_qa.dtype=bfloat16", "predictor_layers=1"])
+    model = load_policy(cfg)
+    assert (model.cfg.param_dtype, model.cfg.dtype, model.cfg.predictor_layers) == ("float32", "bfloat16", 1)
+    assert model.layers[0].mlp.up_proj[...].dtype == model.predictor[0].mlp.up_proj[...].dtype == np.float32

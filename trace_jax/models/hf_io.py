@@ -140,20 +140,24 @@ def _load_into(flat_abstract: dict, entries: list[Entry], files: dict[str, Path]
     return out
 
 
-def from_pretrained(hf_dir: str | Path, *, dtype: DTypeLike | None = None, mesh: jax.sharding.Mesh | None = None,
-                    rules=None) -> Policy:
+def from_pretrained(hf_dir: str | Path, *, dtype: DTypeLike | None = None, compute_dtype: DTypeLike | None = None,
+                    mesh: jax.sharding.Mesh | None = None, rules=None) -> Policy:
     """Load a local HF Qwen3 checkpoint directory into a `Policy`.
 
     dtype: params and compute dtype, "float32" | "bfloat16" | "float16" or the jnp / numpy dtype (default: float32).
+    compute_dtype: the compute dtype alone, when it differs (mixed precision: float32 params, bfloat16 compute).
     mesh: if given, each tensor is placed on its NamedSharding from `trace_jax.sharding`.
     """
     from trace_jax import sharding as shd
 
     name = None if dtype is None else dtype_name(dtype, "from_pretrained: dtype")
+    compute = None if compute_dtype is None else dtype_name(compute_dtype, "from_pretrained: compute_dtype")
     hf_dir = Path(hf_dir)
     head = hf_dir / SUCCESS_HEAD_FILE
     head_names = list(_open(head).keys()) if head.exists() else []
     cfg = ModelConfig.from_hf_dir(hf_dir).with_dtype(name)
+    if compute is not None:
+        cfg = dataclasses.replace(cfg, dtype=compute)
     if head.exists():
         cfg = dataclasses.replace(cfg, predictor_layers=_predictor_layers(head_names))
     abstract_model = nnx.eval_shape(lambda: Policy(cfg, nnx.Rngs(0)))

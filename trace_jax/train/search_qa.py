@@ -19,6 +19,7 @@ import jax
 import numpy as np
 import yaml
 from flax import nnx
+from jax.sharding import Mesh
 from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -112,6 +113,13 @@ def expand_step(model: Policy, env: SearchQAEnv, pool: Pool, key: jax.Array, spe
                             host=True, chunk_slots=chunk_slots, live_slots=spec.refill_slots, mesh=spec.mesh)
 
 
+def load_policy(cfg: TrainConfig, mesh: Mesh | None = None) -> Policy:
+    """The run's policy: search_qa.policy_dir's weights in float32, computing in search_qa.dtype, with the
+    predictor's own layers when predictor_layers asks for them."""
+    policy = from_pretrained(cfg.search_qa.policy_dir, compute_dtype=cfg.search_qa.dtype, mesh=mesh)
+    return with_predictor_layers(policy, cfg.predictor_layers)
+
+
 def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = False,
                     on_log: Callable[[int, dict[str, float]], None] | None = None) -> dict[str, float]:
     """RL on search QA (see the module docstring); on_log as in `train.loop.train`."""
@@ -126,7 +134,7 @@ def train_search_qa(cfg: TrainConfig, resume: bool = False, allow_config_change:
         (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     mesh = shd.make_mesh(cfg.mesh)
     check_fits(cfg, mesh)  # before the weights load: fails naming the bytes when the step cannot fit the devices
-    model = with_predictor_layers(from_pretrained(cfg.search_qa.policy_dir, mesh=mesh), cfg.predictor_layers)
+    model = load_policy(cfg, mesh)
     pad_id = tokenizer.pad_token_id
     warmup = {} if resume else warm_up(cfg, model, env, lambda i: pool_at(cfg, questions, i, mesh, stream=1), pad_id,
                                        host=True)  # a resumed state already holds the warmed-up head

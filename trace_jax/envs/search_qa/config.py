@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from trace_jax.models.config import dtype_name
 from trace_jax.retrieval.client import RetrieverConfig
 
 
@@ -12,6 +13,7 @@ class SearchQAConfig:
     """Search QA (`env: search_qa`): a local HF Qwen3 policy searching a corpus through a retriever."""
 
     policy_dir: str = "artifacts/search_qa_tiny/policy"  # local HF Qwen3 dir: config, safetensors, tokenizer
+    dtype: str = "float32"  # the policy's compute dtype; params and Adam stay float32 (bfloat16: mixed precision)
     qa_dir: str = "artifacts/search_qa_tiny/qa"  # <dataset>/<split>.{jsonl,parquet} (TFDS manual_dir)
     train_datasets: tuple[str, ...] = ("nq",)  # trained on their train split
     eval_datasets: tuple[str, ...] = ("nq", "hotpotqa")  # evaluated on test, or dev where there is no test
@@ -25,6 +27,7 @@ class SearchQAConfig:
     def __post_init__(self) -> None:
         from trace_jax.data.search_qa_tfds import DATASETS
 
+        object.__setattr__(self, "dtype", dtype_name(self.dtype, "search_qa.dtype"))
         for name in ("max_turns", "action_len", "obs_len", "prompt_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"search_qa.{name} must be >= 1, got {getattr(self, name)}")
