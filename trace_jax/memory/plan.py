@@ -50,9 +50,8 @@ def model_of(cfg: TrainConfig, preset: str | None = None) -> tuple[ModelConfig, 
     """(the policy's dims, where they come from). HopWorld: sft.model. Search QA: <policy_dir>/config.json with
     float32 params computing in search_qa.dtype, as the run loads it; `preset` names PRESETS dims to use when that
     file is absent."""
-    grow = lambda m: dataclasses.replace(m, predictor_layers=cfg.predictor_layers)  # the run adds them
-    if cfg.env == "hopworld":
-        return grow(cfg.sft.model), "sft.model"
+    if cfg.env == "hopworld":  # the run adds the predictor's own layers
+        return dataclasses.replace(cfg.sft.model, predictor_layers=cfg.predictor_layers), "sft.model"
     grow = lambda m: dataclasses.replace(m, predictor_layers=cfg.predictor_layers, param_dtype="float32",
                                          dtype=cfg.search_qa.dtype)
     path = Path(cfg.search_qa.policy_dir) / "config.json"
