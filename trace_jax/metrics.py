@@ -6,20 +6,41 @@ written as null) and `tensorboard/` (scalar event files, one per logger session)
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 from matplotlib.figure import Figure
-from tensorboardX.event_file_writer import EventsWriter
-from tensorboardX.proto.event_pb2 import Event, SessionLog
-from tensorboardX.proto.summary_pb2 import Summary
+
+
+@contextlib.contextmanager
+def _without_torch() -> Iterator[None]:
+    """Imports inside see PyTorch as not installed (`import torch` raises ImportError) unless it is loaded already.
+    tensorboardX imports it at import time, where installed (Colab, the test suite), only to accept torch tensors,
+    which nothing here logs: ~2.5 s of the start of every process that logs. PyTorch stays importable afterwards."""
+    if "torch" in sys.modules:
+        yield
+        return
+    sys.modules["torch"] = None  # the import system's "not installed" marker
+    try:
+        yield
+    finally:
+        del sys.modules["torch"]
+
+
+with _without_torch():
+    from tensorboardX.event_file_writer import EventsWriter
+    from tensorboardX.proto.event_pb2 import Event, SessionLog
+    from tensorboardX.proto.summary_pb2 import Summary
+    from tensorboardX.summary import histogram
 
 __all__ = ["METRICS_FILE", "TENSORBOARD_DIR", "MetricsLogger", "compare_runs", "plot_metrics", "plot_reliability",
            "read_metrics", "rewind_jsonl"]
@@ -103,8 +124,6 @@ class MetricsLogger:
 
     def histogram(self, step: int, tag: str, values: Any, bins: int = 20) -> None:
         """Writes a TensorBoard histogram of `values` (any shape) at `step` (TensorBoard only, not the JSONL)."""
-        from tensorboardX.summary import histogram
-
         if not self.active:
             return
         self._events.write_event(Event(wall_time=time.time(), step=int(step),

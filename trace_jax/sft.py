@@ -20,7 +20,6 @@ from tqdm.auto import tqdm
 from trace_jax.checkpoints import save_model
 from trace_jax.config import SFTConfig, to_dict
 from trace_jax.data.hopworld_tfds import build_dataset, read_split
-from trace_jax.data.tokenizer import build_tokenizer
 from trace_jax.envs.hopworld import build_world, protocol, vocab
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.envs.hopworld.expert import expert_episode, flatten
@@ -91,6 +90,8 @@ def run_sft(cfg: SFTConfig) -> dict[str, float]:
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    from trace_jax.data.tokenizer import build_tokenizer  # transformers (and PyTorch, where installed): only here
+
     build_tokenizer(out / "tokenizer")
     env = HopWorldEnv(build_world(cfg.world), cfg.world)
     tokens, mask, lengths = expert_data(cfg, env, split_questions(cfg, "train"))
