@@ -49,7 +49,6 @@ def test_a_process_builds_each_step_once():
     assert build_update(other_load, tx, spec) is build_update(graphdef, tx, spec)
 
 
-
 def test_a_mixed_precision_step_keeps_float32_state_and_scores_what_it_sampled():
     """bfloat16 compute over float32 parameters (`sft.model.dtype`, `search_qa.dtype`): the update moves the
     parameters and they and Adam's moments stay float32; the trainer's bfloat16 forward scores the sampled tokens
