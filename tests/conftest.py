@@ -1,5 +1,6 @@
-"""Shared test setup: 8 host CPU devices for sharding tests, a per-session compilation cache; the tiny Qwen3
-checkpoint fixture and the tiny search QA kit (the search QA tests and the bring-your-checkpoint notebook)."""
+"""Shared test setup: 8 host CPU devices for sharding tests (other tests' runs get one device's mesh), a per-session
+compilation cache; the tiny Qwen3 checkpoint fixture and the tiny search QA kit (the search QA tests and the
+bring-your-checkpoint notebook)."""
 
 import os
 import shutil
@@ -22,10 +23,21 @@ if _SHARED:
     os.environ["TRACE_JAX_TEST_SHARED"] = _SHARED
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
-import pytest  # noqa: E402 (after the environment above)
+import one_device  # noqa: E402 (after the environment above)
+import pytest  # noqa: E402
 from built_once import built_once, session_tmp  # noqa: E402
 
 from tiny_qwen3 import TINY_QWEN3, write_tiny_qwen3  # noqa: E402
+from trace_jax import sharding  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def one_device_mesh(request, monkeypatch):
+    """Runs (training, comparison, evaluation: every mesh made without naming its devices) get one device's mesh
+    (`one_device`), unless the test is marked `all_devices`: the sharding tests, the multi-process tests and
+    tests/train/test_train.py (sharded steps, checkpoints, resume) keep the 8 devices'."""
+    if not request.node.get_closest_marker("all_devices"):
+        monkeypatch.setattr(sharding, "make_mesh", one_device.make_mesh)
 
 
 @pytest.fixture(params=sorted(TINY_QWEN3))

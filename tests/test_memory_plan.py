@@ -161,6 +161,7 @@ def test_remat_gives_the_same_loss_and_gradients():
         nnx.merge(graphdef, params)(ids, cache=KVCache.init(model, 3, 20), remat=True)
 
 
+@pytest.mark.all_devices
 @pytest.mark.parametrize("predictor_layers", [0, 1])
 def test_param_bytes_per_chip_are_the_real_shards(predictor_layers):
     """On a (2, 2, 2) mesh, with a dimension the tensor axis does not divide (1 KV head), the planned bytes per chip
@@ -180,6 +181,7 @@ def test_kv_bytes_count_the_predictors_cache_rows():
     assert len(cache.k) == 6 and kv_bytes(model, 3, 20, Sizer((1, 1, 1))) == sum(x.nbytes for x in cache.k + cache.v)
 
 
+@pytest.mark.all_devices
 def test_optimizer_state_is_sharded_like_the_params():
     """Adam's two moments per parameter hold the parameter's shard on each device, as the planner counts them."""
     mesh = shd.make_mesh(MeshConfig(2, 2, 2))
@@ -217,6 +219,7 @@ def test_cli_json_and_errors(capsys):
     assert code == 2 and "--preset one of ['qwen3-14b', 'qwen3-8b']" in err
 
 
+@pytest.mark.all_devices
 def test_check_fits_before_work():
     """The check fails naming the bytes and the chunk_slots to set, or that not even one prompt fits; a device that
     reports no HBM limit (CPU) is not checked."""

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
-from xla_flags import FAST_COMPILE
 
 ROOT = Path(__file__).parent.parent
 COLAB = ROOT / "launch" / "colab"
@@ -26,26 +25,33 @@ def test_each_notebook_links_and_installs_from_the_repository():
         assert not any(cell.get("outputs") for cell in book.cells if cell.cell_type == "code"), f"{name}: outputs"
 
 
-ONE_DEVICE = FAST_COMPILE  # one CPU device, as on Colab's CPU runtime
+# First in the kernel: runs get one device's mesh, as on Colab's CPU runtime, in a kernel with the session's 8 host
+# devices, whose programs' cache keys the tests' processes share (`one_device`)
+ONE_DEVICE_MESH = f"""import sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+import one_device
+from trace_jax import sharding
+sharding.make_mesh = one_device.make_mesh"""
 
 
-def _run(names: list[str], where: Path, parameters: dict[str, str] | None = None, xla_flags: str = ONE_DEVICE):
+def _run(names: list[str], where: Path, parameters: dict[str, str] | None = None):
     """The notebooks `names` executed one after the other in one fresh kernel in `where`, with
-    TRACE_JAX_NOTEBOOK_TEST=1, `parameters` set in a cell after the first one's `parameters`-tagged cell (as papermill
-    does), and `xla_flags`; a failing cell raises, naming it. Between notebooks `%reset -f` empties the namespace, so
-    each notebook still runs on what it defines itself, while the kernel keeps its imports and compiled programs.
-    The kernel shares the session's compilation cache: with the session's XLA flags it reuses what the tests
-    compiled with the same shapes. Returns (printed text, images), one pair per notebook."""
+    TRACE_JAX_NOTEBOOK_TEST=1 and `parameters` set in a cell after the first one's `parameters`-tagged cell (as
+    papermill does); a failing cell raises, naming it. Between notebooks `%reset -f` empties the namespace, so each
+    notebook still runs on what it defines itself, while the kernel keeps its imports and compiled programs. The
+    kernel has the session's XLA flags and compilation cache, and runs on one device's mesh (`ONE_DEVICE_MESH`), so
+    it reuses what the tests compiled with the same shapes. Returns (printed text, images), one pair per notebook."""
     books = [nbformat.read(COLAB / f"{name}.ipynb", as_version=4) for name in names]
     if parameters:
         at = next(i for i, cell in enumerate(books[0].cells) if "parameters" in cell.metadata.get("tags", []))
         assign = "\n".join(f"{k} = {v!r}" for k, v in parameters.items())
         books[0].cells.insert(at + 1, nbformat.v4.new_code_cell(assign))
     joined = nbformat.v4.new_notebook(metadata=books[0].metadata)  # cells assigned below stay the books' own
+    joined.cells.append(nbformat.v4.new_code_cell(ONE_DEVICE_MESH))
     for i, book in enumerate(books):
         joined.cells += [nbformat.v4.new_code_cell("%reset -f")] * (i > 0) + book.cells
     client = NotebookClient(joined, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(where)}})
-    client.execute(env={**os.environ, "TRACE_JAX_NOTEBOOK_TEST": "1", "XLA_FLAGS": xla_flags})
+    client.execute(env={**os.environ, "TRACE_JAX_NOTEBOOK_TEST": "1"})
     outputs = [[out for cell in book.cells if cell.cell_type == "code" for out in cell.outputs] for book in books]
     return [("".join(out.get("text", "") for out in outs), sum("image/png" in out.get("data", {}) for out in outs))
             for outs in outputs]
@@ -63,11 +69,10 @@ def test_quickstart_and_compare_run_top_to_bottom(tmp_path):
 
 
 def test_bring_your_checkpoint_runs_top_to_bottom(kit, tmp_path):
-    """With the session's tiny kit as the user's own checkpoint, QA files and corpus, and the session's devices: the
-    search QA training test compiles the same programs (same config, shapes and devices)."""
+    """With the session's tiny kit as the user's own checkpoint, QA files and corpus: the search QA training test
+    compiles the same programs (same config and shapes, on one device's mesh)."""
     files = {"HF_DIR": kit / "policy", "QA_DIR": kit / "qa", "CORPUS": kit / "corpus.jsonl"}
-    [(printed, _)] = _run(["bring_your_checkpoint"], tmp_path, {k: str(v) for k, v in files.items()},
-                          os.environ["XLA_FLAGS"])
+    [(printed, _)] = _run(["bring_your_checkpoint"], tmp_path, {k: str(v) for k, v in files.items()})
     assert "retriever at http://127.0.0.1:" in printed and "<search>" in printed and "step 1: reward" in printed
     difference = float(re.search(r"JAX vs transformers: (\S+)", printed).group(1))
     assert difference < 1e-4

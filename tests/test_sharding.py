@@ -15,6 +15,8 @@ from trace_jax.config import MeshConfig
 from trace_jax.models import KVCache, ModelConfig, from_pretrained
 from trace_jax.sharding import device_grid
 
+pytestmark = pytest.mark.all_devices  # meshes over the 8 host devices
+
 CFG = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=8,
                   num_kv_heads=2, head_dim=16, rope_theta=1e4)
 

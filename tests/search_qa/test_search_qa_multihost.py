@@ -14,6 +14,8 @@ from test_search_qa_train import args
 
 from trace_jax.cli import main
 
+pytestmark = pytest.mark.all_devices  # one process with all 8 devices is the reference
+
 
 def _rows(path):
     return [{k: v for k, v in json.loads(line).items() if not k.endswith("_seconds")}

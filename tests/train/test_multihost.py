@@ -16,6 +16,8 @@ from trace_jax.config import TrainConfig, load_config
 from trace_jax.data.loader import hopworld_loader
 from trace_jax.train.loop import train
 
+pytestmark = pytest.mark.all_devices  # one process with all 8 devices is the reference
+
 HERE = Path(__file__).parent
 # pool_size=8 on 8 devices: one row per device, so each process holds (and loads) half of every pool
 TWO_STEPS = [*OVERRIDES, "pool_size=8", "roots=8", "steps=2", "warmup.batches=0"]

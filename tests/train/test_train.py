@@ -36,6 +36,8 @@ from trace_jax.train.chunked import make_step
 from trace_jax.train.loop import Budget, pool_of, refill_rows, step_spec, train
 from trace_jax.train.step import TrainState, apply_update, build_step, make_optimizer
 
+pytestmark = pytest.mark.all_devices  # runs on the 8 host devices' mesh: sharded steps, checkpoints and resume
+
 # Sampling, KL and clipping off their defaults (which the compare and notebook runs keep): the runs below check that
 # a resumed, preempted or multi-process run equals the uninterrupted one on these paths too.
 OVERRIDES = ["world.num_entities=64", "world.num_questions=120", "pool_size=4", "roots=4", "continuations=1",
