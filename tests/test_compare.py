@@ -82,8 +82,9 @@ def _evals(run, step: int) -> dict:
     return {k: v for r in rows if r["step"] == step for k, v in r.items() if k.startswith("eval/")}
 
 
+# The compare notebook's test sizes (launch/colab/compare.ipynb's TINY): the two share most of their compiled programs.
 QUICK_TINY = ["train.world.num_entities=64", "train.world.num_questions=120", "train.pool_size=4", "train.roots=4",
-              "train.continuations=1", "train.group_size=2", "train.eval_batch=16", "train.learning_rate=0.01",
+              "train.continuations=1", "train.group_size=2", "train.eval_batch=16", "train.eval_samples=1",
               "train.steps=2", "train.eval_every=2", "train.warmup.batches=1", "train.warmup.fit_steps=20",
               "train.checkpoint_every=2"]
 
