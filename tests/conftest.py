@@ -23,12 +23,10 @@ if _SHARED:
     os.environ["TRACE_JAX_TEST_SHARED"] = _SHARED
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
-import one_device  # noqa: E402 (after the environment above)
-import pytest  # noqa: E402
+import pytest  # noqa: E402 (after the environment above)
 from built_once import built_once, session_tmp  # noqa: E402
 
 from tiny_qwen3 import TINY_QWEN3, write_tiny_qwen3  # noqa: E402
-from trace_jax import sharding  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +35,9 @@ def one_device_mesh(request, monkeypatch):
     (`one_device`), unless the test is marked `all_devices`: the sharding tests, the multi-process tests and
     tests/train/test_train.py (sharded steps, checkpoints, resume) keep the 8 devices'."""
     if not request.node.get_closest_marker("all_devices"):
-        monkeypatch.setattr(sharding, "make_mesh", one_device.make_mesh)
+        import one_device  # JAX and the package load in the workers that run tests, not at the session's start
+
+        monkeypatch.setattr(one_device.sharding, "make_mesh", one_device.make_mesh)
 
 
 @pytest.fixture(params=sorted(TINY_QWEN3))
