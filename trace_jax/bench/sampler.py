@@ -64,7 +64,8 @@ def sampler_tokens_per_s(model: Policy, batch: int, prompt_len: int, steps: int,
                          ) -> tuple[np.ndarray, np.ndarray, float]:
     """Our jitted sampler on `batch` rows: (generated tokens/s per timed run [repeats], the prompts' prefill
     included; the same tokens over the decode loop's time alone [repeats]; compile seconds). Each run times the
-    prefill (into the root slots) and the decode loop as two calls, back to back."""
+    prefill (into the root slots) and the decode loop as two calls, back to back, with the model split once
+    (`bind`), as a training step holds its parameters: not NNX's walk of the module at every call."""
     spec = TurnSpec(action_len=steps, obs_len=1, max_turns=1, stop_ids=())  # exactly `steps` tokens
     rng = np.random.default_rng(seed)
     pool = ex.Pool(tokens=jnp.asarray(rng.integers(0, model.cfg.vocab_size, (batch, prompt_len)), jnp.int32),
@@ -77,14 +78,14 @@ def sampler_tokens_per_s(model: Policy, batch: int, prompt_len: int, steps: int,
     def decode(m, ro):
         return generate_turn(m, ro, spec=spec, sampling=SamplingConfig())[0].tree.length
 
-    start, decode = jit_with_model(start), jit_with_model(decode)
+    start, decode = jit_with_model(start).bind(model), jit_with_model(decode).bind(model)
     key = jax.random.key(1)
-    t_start, roots = _timed(start, model, pool, key)
-    compile_s = t_start + _timed(decode, model, roots)[0]
+    t_start, roots = _timed(start, pool, key)
+    compile_s = t_start + _timed(decode, roots)[0]
     prefill_s, decode_s = np.zeros(repeats), np.zeros(repeats)
     for i in range(repeats):
-        prefill_s[i], roots = _timed(start, model, pool, key)
-        decode_s[i], _ = _timed(decode, model, roots)
+        prefill_s[i], roots = _timed(start, pool, key)
+        decode_s[i], _ = _timed(decode, roots)
     whole = prefill_s + decode_s
     return batch * steps / whole, batch * steps / decode_s, max(compile_s - float(np.median(whole)), 0.0)
 
@@ -296,8 +297,9 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
           f"{repeats} timed runs per side after a warm-up, median [min-max]")
     print(f"threads: ours XLA CPU on {os.cpu_count()} cores, transformers torch.get_num_threads()="
           f"{torch.get_num_threads()}")
-    print("  ours: the prompts' prefill and the decode loop, as transformers' generate; decode: the loop alone (each "
-          "run times the two apart). GFLOP/s: the decode loop at the useful FLOPs of a token (projections, output "
+    print("  ours: the prompts' prefill and the decode loop, as transformers' generate, with the model split once "
+          "(as a training step holds it); decode: the loop alone (each run times the two apart). GFLOP/s: the decode "
+          "loop at the useful FLOPs of a token (projections, output "
           "head, attention over the tokens before it); dot: a jitted matmul [batch, hidden] x [hidden, MLP width] as "
           "the model runs its matmuls (qwen3.matmul: jnp.dot in float32), this machine's matmul limit at a decode "
           "step's shapes, measured in this run")
