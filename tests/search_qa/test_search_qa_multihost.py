@@ -50,17 +50,22 @@ def test_two_processes_train_search_qa_like_one_process_with_all_devices(kit, se
     for x, y in zip(a, b):
         assert x.keys() == y.keys()
         for key in x:  # float32 reductions in another order: equal to ~1e-7 relative; the largest |ratio - 1| of
-            # an on-policy step is a few float32 steps of 1.0 (1.2e-7 each) either way
-            atol = 1e-6 if key == "ratio_max_dev" else 1e-7
-            np.testing.assert_allclose(y[key], x[key], rtol=1e-5, atol=atol, err_msg=f"step {x['step']} {key}")
+            # an on-policy step is float32 noise in either run, the largest of some thousand tokens' (1.9e-6 and
+            # 3.3e-6 measured at step 2): both small, not equal. An undefined metric is null (NaN in the run): it
+            # reads as NaN, equal to NaN. A spread (std) loses digits to cancellation (tests/train/test_multihost.py)
+            atol = 1e-5 if key == "ratio_max_dev" else 1e-7
+            rtol = 2e-4 if key.endswith("_std") else 1e-5
+            np.testing.assert_allclose(np.asarray(y[key], float), np.asarray(x[key], float), rtol=rtol, atol=atol,
+                                       err_msg=f"step {x['step']} {key}")
     assert _rows(one / "eval_answers.jsonl") == _rows(two / "eval_answers.jsonl")  # each question's episode
     for x, y in zip(_rows(one / "allocation.jsonl"), _rows(two / "allocation.jsonl")):
         for key in x:  # prompt-level V~ and spends: a process training on other rows than its own changes them
             np.testing.assert_allclose(y[key], x[key], rtol=1e-5, err_msg=key)
     # the export gathers every process's shards; Adam moves a weight whose gradient is ~0 by up to lr = 1e-4 a step
-    # on float32 noise, so weights agree to 1e-5 (a missing shard would be off by the weights themselves, ~0.05)
+    # on float32 noise, so weights agree to a fraction of lr (1.3e-5 measured at one weight of 4,096; a missing
+    # shard would be off by the weights themselves, ~0.05)
     for name in ("model.safetensors", "success_head.safetensors"):
         want, got = load_file(one / "hf" / name), load_file(two / "hf" / name)
         assert want.keys() == got.keys()
         for key in want:
-            np.testing.assert_allclose(got[key], want[key], atol=1e-5, err_msg=key)
+            np.testing.assert_allclose(got[key], want[key], atol=5e-5, err_msg=key)

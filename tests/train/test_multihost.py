@@ -67,10 +67,22 @@ def test_two_processes_train_like_one_process_with_all_devices_through_a_preempt
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3]
     for x, y in zip(a, b):
         assert x.keys() == y.keys()
-        for key in x:  # float32 reductions in another order: equal to ~1e-7 relative
-            np.testing.assert_allclose(y[key], x[key], rtol=1e-5, atol=1e-7, err_msg=f"step {x['step']} {key}")
-    # prompt-level values: a process training on other rows than its own changes them
-    assert _rows(one / "allocation.jsonl") == _rows(two / "allocation.jsonl")
+        for key in x:  # float32 reductions in another order: equal to ~1e-7 relative; null (an undefined metric,
+            # NaN in the run) reads as NaN, equal to NaN. A spread (std) of values near their mean m loses
+            # m^2 / var digits to cancellation: pool V~ near 0.5 with a std of ~0.013 turns float32's 6e-8 into
+            # ~5e-5 relative (3e-5 measured at step 3). An evaluation after updates reads parameters that Adam moved
+            # by up to lr on a gradient that is float32 noise (a weight the loss leaves at ~0): the two runs' V~
+            # part by ~1e-5, their test Brier score by 1.6e-4 relative at step 3 (a process missing a shard or
+            # training on other rows would be off by far more)
+            rtol = 1e-3 if key.startswith("eval/") else 2e-4 if key.endswith("_std") else 1e-5
+            np.testing.assert_allclose(np.asarray(y[key], float), np.asarray(x[key], float), rtol=rtol, atol=1e-7,
+                                       err_msg=f"step {x['step']} {key}")
+    # prompt-level values: a process training on other rows than its own changes them, V~ by far more than the
+    # ~1e-5 of Adam's float32 noise, and the budgets
+    for x, y in zip(_rows(one / "allocation.jsonl"), _rows(two / "allocation.jsonl"), strict=True):
+        assert x.keys() == y.keys()
+        for key in x:
+            np.testing.assert_allclose(np.asarray(y[key], float), np.asarray(x[key], float), atol=1e-4, err_msg=key)
 
 
 def test_two_processes_answer_their_own_slots_on_the_host_path(tmp_path):
