@@ -2,13 +2,17 @@
 checks run them against one process with 8)."""
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
 
+import numpy as np
 from xla_flags import FAST_COMPILE
 
 FOUR_DEVICES = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4 " + FAST_COMPILE}
@@ -49,3 +53,21 @@ def two_processes(make_cmd, timeout: float, codes: tuple[int, int] = (0, 0), sig
     for i, (p, code, (_, err)) in enumerate(zip(procs, codes, outs)):
         assert p.returncode == code, f"process {i} exited with {p.returncode}, not {code}:\n{err[-3000:]}"
     return [subprocess.CompletedProcess(p.args, p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
+
+
+def logged_rows(path: Path) -> list[dict]:
+    """A run's JSONL log (metrics, allocation, evaluation answers), one dict per line, wall-clock fields left out."""
+    return [{k: v for k, v in json.loads(line).items() if not k.endswith("_seconds")}
+            for line in path.read_text().splitlines()]
+
+
+def assert_rows_close(want: list[dict], got: list[dict], tolerance: Callable[[str], tuple[float, float]]) -> None:
+    """Two runs' logged rows: the same rows and keys, each value within tolerance(key) = (rtol, atol). A null (an
+    undefined value, NaN in the run) reads as NaN, equal to NaN."""
+    assert len(want) == len(got)
+    for x, y in zip(want, got):
+        assert x.keys() == y.keys()
+        for key in x:
+            rtol, atol = tolerance(key)
+            np.testing.assert_allclose(np.asarray(y[key], float), np.asarray(x[key], float), rtol=rtol, atol=atol,
+                                       err_msg=f"step {x.get('step')} {key}")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from host_tree import expand_on_host_mesh
-from processes import two_processes
+from processes import assert_rows_close, logged_rows, two_processes
 from test_train import OVERRIDES, run_dirs  # noqa: F401 (run_dirs: the shared base policy and dataset fixture)
 
 from trace_jax.config import TrainConfig, load_config
@@ -35,11 +35,6 @@ def test_each_process_loads_its_half_of_the_global_pool(run_dirs):  # noqa: F811
     assert [g["stop"] for g in got] == [True, True]  # process 1's stop request reaches process 0
 
 
-def _rows(path: Path) -> list[dict]:
-    lines = path.read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k != "step_seconds"} for line in lines]
-
-
 @pytest.mark.slow  # ~5 min on 2 CPU cores: 2 + 1 processes compiling the warm-up, the step and evaluation
 def test_two_processes_train_like_one_process_with_all_devices_through_a_preemption(run_dirs, tmp_path):  # noqa: F811
     """Two processes warm the predictor up and train 3 steps; SIGTERM reaches process 1 alone during step 2, yet
@@ -63,27 +58,20 @@ def test_two_processes_train_like_one_process_with_all_devices_through_a_preempt
     two_processes(train_cmd("--resume"), timeout=600)
     train(load_config(TrainConfig, None, [*args, f"out_dir={one}"]))  # 8 devices, this process
 
-    a, b = _rows(one / "metrics.jsonl"), _rows(two / "metrics.jsonl")
+    a, b = logged_rows(one / "metrics.jsonl"), logged_rows(two / "metrics.jsonl")
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3]
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for key in x:  # float32 reductions in another order: equal to ~1e-7 relative; null (an undefined metric,
-            # NaN in the run) reads as NaN, equal to NaN. A spread (std) of values near their mean m loses
-            # m^2 / var digits to cancellation: pool V~ near 0.5 with a std of ~0.013 turns float32's 6e-8 into
-            # ~5e-5 relative (3e-5 measured at step 3). An evaluation after updates reads parameters that Adam moved
-            # by up to lr on a gradient that is float32 noise (a weight the loss leaves at ~0): the two runs' V~
-            # part by ~1e-5, their test Brier score by 1.6e-4 relative at step 3 (a process missing a shard or
-            # training on other rows would be off by far more)
-            rtol = 1e-3 if key.startswith("eval/") else 2e-4 if key.endswith("_std") else 1e-5
-            np.testing.assert_allclose(np.asarray(y[key], float), np.asarray(x[key], float), rtol=rtol, atol=1e-7,
-                                       err_msg=f"step {x['step']} {key}")
+    # float32 reductions in another order: equal to ~1e-7 relative. A spread (std) of values near their mean m loses
+    # m^2 / var digits to cancellation: pool V~ near 0.5 with a std of ~0.013 turns float32's 6e-8 into ~5e-5
+    # relative (3e-5 measured at step 3). An evaluation after updates reads parameters that Adam moved by up to lr
+    # on a gradient that is float32 noise (a weight the loss leaves at ~0): the two runs' V~ part by ~1e-5, their
+    # test Brier score by 1.6e-4 relative at step 3 (a process missing a shard or training on other rows would be off
+    # by far more)
+    assert_rows_close(a, b, lambda key: (1e-3 if key.startswith("eval/") else 2e-4 if key.endswith("_std") else 1e-5,
+                                         1e-7))
     # prompt-level values: a process training on other rows than its own changes them, V~ by far more than the
     # ~1e-5 of Adam's float32 noise, and the budgets
-    for x, y in zip(_rows(one / "allocation.jsonl"), _rows(two / "allocation.jsonl"), strict=True):
-        assert x.keys() == y.keys()
-        for key in x:
-            np.testing.assert_allclose(np.asarray(y[key], float), np.asarray(x[key], float), atol=1e-4, err_msg=key)
-
+    assert_rows_close(logged_rows(one / "allocation.jsonl"), logged_rows(two / "allocation.jsonl"),
+                      lambda key: (0.0, 1e-4))
 
 def test_two_processes_answer_their_own_slots_on_the_host_path(tmp_path):
     """The host path (search QA's) over 2 processes x 4 devices: each process's environment answers only its
