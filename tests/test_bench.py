@@ -8,10 +8,11 @@ import pytest
 
 from toy import TINY_POLICY, tiny_env
 from trace_jax.bench.sampler import (
+    alternate,
     decode_flops_per_token,
-    dot_flops_per_s,
+    dot_run,
     in_dtype,
-    sampler_tokens_per_s,
+    sampler_vs_transformers,
     tree_fork_vs_reprefill,
 )
 from trace_jax.envs.hopworld import HopWorldConfig
@@ -28,8 +29,21 @@ def test_fork_benchmark_counts_and_utilisation():
     assert 0 < r["useful_fork"] < r["useful_reprefill"] and r["useful_fork"] <= r["processed_fork"]
     assert 0 < r["processed_fork"] < r["processed_reprefill"]
     assert 0 < r["utilisation_roots"] <= 1 and 0 < r["utilisation_continuations"] <= 1
-    whole, decode, _ = sampler_tokens_per_s(init_policy(TINY_POLICY, 0), batch=4, prompt_len=5, steps=6, repeats=2)
-    assert whole.shape == decode.shape == (2,) and (whole > 0).all() and (decode > whole).all()
+    r = sampler_vs_transformers(init_policy(TINY_POLICY, 0), batch=4, prompt_len=5, steps=6, repeats=2)
+    assert r["ours"].shape == r["decode"].shape == r["transformers"].shape == r["dot"].shape == (2,)
+    assert (r["ours"] > 0).all() and (r["decode"] > r["ours"]).all() and (r["transformers"] > 0).all()
+    assert (r["dot"] > 0).all()
+
+
+def test_sides_take_turns_after_one_untimed_call_each():
+    """A comparison's sides alternate, in reverse order every other round, after a first call of each that is not
+    timed: timing one side's runs and then the other's would hand the machine's drift to the ratio."""
+    calls = []
+    sides = {name: (lambda name=name: calls.append(name) or len(calls)) for name in ("a", "b")}
+    t = alternate(sides, repeats=4)
+    assert calls == ["a", "b"] + ["a", "b", "b", "a"] * 2
+    assert [t["a"].outputs, t["b"].outputs] == [[3, 6, 7, 10], [4, 5, 8, 9]]
+    assert t["a"].times.shape == t["b"].times.shape == (4,) and (t["a"].times >= 0).all()
 
 
 def test_solver_benchmark_prints_rows(capsys):
@@ -83,8 +97,10 @@ def test_decode_flops_count_every_projection_and_the_attention_by_hand():
                       head_dim=3)
     # per layer: q 4x6, k 4x3, v 4x3, o 6x4 -> 72; MLP 3 x 4x6 -> 72; scores and sum over 5 positions, 6 wide -> 60
     assert decode_flops_per_token(cfg, context=5) == 2 * (2 * (72 + 72 + 60) + 4 * 10)
-    rates = dot_flops_per_s(8, cfg, repeats=2)
-    assert rates.shape == (2,) and (rates > 0).all()
+    dot, flops = dot_run(8, cfg)
+    assert flops == 2 * 8 * 4 * 6 * 50  # 50 chained dots [8, 4] x [4, 6]
+    out = np.asarray(dot())
+    assert out.shape == (8, 4) and np.isfinite(out).all()
 
 
 def test_the_benchs_bfloat16_policy_holds_the_same_weights_rounded():

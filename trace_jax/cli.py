@@ -364,7 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     sampler.add_argument("--steps", type=_positive_int, default=32, help="sampled tokens per row")
     sampler.add_argument("--skip-mid", action="store_true", help="skip the ~135M-parameter mid-size model")
     sampler.add_argument("--repeats", type=_positive_int, default=5,
-                         help="timed runs per side (median and spread printed)")
+                         help="timed runs per side, the sides taking turns (median and spread printed)")
     sampler.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                          help="weights and compute of both sides of the tokens/s table (transformers loads the same "
                               "rounded weights)")

@@ -1,17 +1,19 @@
 """`trace-jax bench sampler`: sampler throughput against transformers, forks against re-prefill, the tree-packed
 update against the unpacked one.
 
-Every comparison runs both sides back to back in this process, several times each, and prints the
-median, the spread and the ratio of medians; the machine's absolute speed cancels out. Compile time is
+Every comparison runs both sides in this process, several times each, the sides taking turns (`alternate`), and
+prints the median, the spread and the ratio of medians; the machine's absolute speed cancels out. Compile time is
 the first call's extra time over the median.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -44,15 +46,31 @@ def _timed(fn, *args) -> tuple[float, object]:
     return time.perf_counter() - t, out
 
 
-def _repeat(fn, repeats: int, *args) -> tuple[np.ndarray, float, object]:
-    """(seconds of `repeats` timed calls after a first, compiling one; compile s; last output)."""
-    first, out = _timed(fn, *args)
-    times = []
-    for _ in range(repeats):
-        t, out = _timed(fn, *args)
-        times.append(t)
-    times = np.asarray(times)
-    return times, max(first - float(np.median(times)), 0.0), out
+@dataclasses.dataclass(frozen=True)
+class Timed:
+    """One side of a comparison: its timed calls and what they returned."""
+
+    times: np.ndarray  # [repeats] seconds of each timed call
+    compile_s: float  # the first (compiling) call's extra seconds over the median
+    outputs: list  # [repeats] each timed call's output
+
+
+def alternate(sides: dict[str, Callable[[], object]], repeats: int) -> dict[str, Timed]:
+    """Time each side's call `repeats` times after a first, compiling call of each, the sides taking turns: a round
+    times every side once, in reverse order every other round. A machine whose speed drifts within minutes (these
+    2-core machines do, by up to 1.3x) then slows both sides alike, where timing one side's calls, then the other's,
+    hands the drift to the ratio."""
+    first = {name: _timed(fn)[0] for name, fn in sides.items()}
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    outputs: dict[str, list[object]] = {name: [] for name in sides}
+    order = list(sides)
+    for round_ in range(repeats):
+        for name in order if round_ % 2 == 0 else order[::-1]:
+            t, out = _timed(sides[name])
+            times[name].append(t)
+            outputs[name].append(out)
+    return {name: Timed(np.asarray(times[name]), max(first[name] - float(np.median(times[name])), 0.0),
+                        outputs[name]) for name in sides}
 
 
 def spread(times: np.ndarray) -> str:
@@ -60,12 +78,10 @@ def spread(times: np.ndarray) -> str:
     return f"{np.median(times):.3f} [{times.min():.3f}-{times.max():.3f}]"
 
 
-def sampler_tokens_per_s(model: Policy, batch: int, prompt_len: int, steps: int, repeats: int = 5, seed: int = 0
-                         ) -> tuple[np.ndarray, np.ndarray, float]:
-    """Our jitted sampler on `batch` rows: (generated tokens/s per timed run [repeats], the prompts' prefill
-    included; the same tokens over the decode loop's time alone [repeats]; compile seconds). Each run times the
-    prefill (into the root slots) and the decode loop as two calls, back to back, with the model split once
-    (`bind`), as a training step holds its parameters: not NNX's walk of the module at every call."""
+def sampler_run(model: Policy, batch: int, prompt_len: int, steps: int, seed: int = 0) -> Callable[[], float]:
+    """One run of our jitted sampler on `batch` rows, as a call: the prompts' prefill (into the root slots) and the
+    decode loop of `steps` tokens, two calls back to back, with the model split once (`bind`), as a training step
+    holds its parameters (not NNX's walk of the module at every call). Returns the decode loop's seconds."""
     spec = TurnSpec(action_len=steps, obs_len=1, max_turns=1, stop_ids=())  # exactly `steps` tokens
     rng = np.random.default_rng(seed)
     pool = ex.Pool(tokens=jnp.asarray(rng.integers(0, model.cfg.vocab_size, (batch, prompt_len)), jnp.int32),
@@ -80,14 +96,47 @@ def sampler_tokens_per_s(model: Policy, batch: int, prompt_len: int, steps: int,
 
     start, decode = jit_with_model(start).bind(model), jit_with_model(decode).bind(model)
     key = jax.random.key(1)
-    t_start, roots = _timed(start, pool, key)
-    compile_s = t_start + _timed(decode, roots)[0]
-    prefill_s, decode_s = np.zeros(repeats), np.zeros(repeats)
-    for i in range(repeats):
-        prefill_s[i], roots = _timed(start, pool, key)
-        decode_s[i], _ = _timed(decode, roots)
-    whole = prefill_s + decode_s
-    return batch * steps / whole, batch * steps / decode_s, max(compile_s - float(np.median(whole)), 0.0)
+
+    def run() -> float:
+        return _timed(decode, jax.block_until_ready(start(pool, key)))[0]
+
+    return run
+
+
+def transformers_run(model: Policy, batch: int, prompt_len: int, steps: int, seed: int = 0) -> Callable[[], None]:
+    """One run of transformers' PyTorch `generate` (sampling, `steps` new tokens a row) on the same weights, in the
+    model's dtype, as a call."""
+    import torch
+    from transformers import Qwen3ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    with tempfile.TemporaryDirectory() as d:
+        save_pretrained(model, d)
+        ref = Qwen3ForCausalLM.from_pretrained(d, dtype=getattr(torch, model.cfg.dtype)).eval()
+    ids = torch.as_tensor(np.random.default_rng(seed).integers(0, model.cfg.vocab_size, (batch, prompt_len)))
+    kwargs = dict(max_new_tokens=steps, min_new_tokens=steps, do_sample=True, top_k=0, pad_token_id=0)
+
+    def run() -> None:
+        with torch.no_grad():
+            ref.generate(ids, **kwargs)
+
+    return run
+
+
+def sampler_vs_transformers(model: Policy, batch: int, prompt_len: int, steps: int, repeats: int = 5,
+                            seed: int = 0) -> dict[str, np.ndarray | float]:
+    """Per timed run [repeats]: generated tokens/s of our sampler (`ours`: the prompts' prefill and the decode loop;
+    `decode`: the same tokens over the loop's time alone) and of transformers' `generate` (`transformers`) on the
+    same weights, batch and lengths, and the FLOP/s of `dot_run` at the decode step's shapes (`dot`), the three
+    taking turns (`alternate`); `compile`: our first call's extra seconds."""
+    dot, dot_flops = dot_run(batch, model.cfg)
+    t = alternate({"ours": sampler_run(model, batch, prompt_len, steps, seed),
+                   "transformers": transformers_run(model, batch, prompt_len, steps, seed), "dot": dot}, repeats)
+    tokens = batch * steps
+    return {"ours": tokens / t["ours"].times, "decode": tokens / np.asarray(t["ours"].outputs),
+            "transformers": tokens / t["transformers"].times, "dot": dot_flops / t["dot"].times,
+            "compile": t["ours"].compile_s}
 
 
 def decode_flops_per_token(cfg: ModelConfig, context: int) -> int:
@@ -98,18 +147,17 @@ def decode_flops_per_token(cfg: ModelConfig, context: int) -> int:
     return 2 * (cfg.num_layers * per_layer + d * cfg.vocab_size)
 
 
-def dot_flops_per_s(rows: int, cfg: ModelConfig, repeats: int = 5) -> np.ndarray:
-    """FLOP/s of a jitted matmul [rows, hidden] x [hidden, intermediate] in the model's dtype, as the model runs
-    its matmuls (`qwen3.matmul`; in float32 a plain `jnp.dot`), the MLP's up projection of one decode step, per
-    timed run: the matmul limit of this machine at the sampler's shapes."""
+def dot_run(rows: int, cfg: ModelConfig) -> tuple[Callable[[], jax.Array], int]:
+    """(a call, its FLOPs): a jitted chain of matmuls [rows, hidden] x [hidden, intermediate] in the model's dtype, as
+    the model runs its matmuls (`qwen3.matmul`; in float32 a plain `jnp.dot`), the MLP's up projection of one decode
+    step: timed, the matmul limit of this machine at the sampler's shapes."""
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.normal(size=(rows, cfg.hidden_size)), cfg.jnp_dtype)
     w = jnp.asarray(rng.normal(size=(cfg.hidden_size, cfg.intermediate_size)), cfg.jnp_dtype)
-    calls = 50  # one timed run: this many dots, each depending on the last (no call is skipped)
+    calls = 50  # one call: this many dots, each depending on the last (no dot is skipped)
     chain = jax.jit(lambda x, w: jax.lax.fori_loop(
         0, calls, lambda _, y: matmul("rd,df->rf", y, w)[:, : x.shape[1]] * 1e-3, x))
-    times, _, _ = _repeat(chain, repeats, x, w)
-    return 2 * rows * cfg.hidden_size * cfg.intermediate_size * calls / times
+    return functools.partial(chain, x, w), 2 * rows * cfg.hidden_size * cfg.intermediate_size * calls
 
 
 @jax.tree_util.register_dataclass
@@ -139,33 +187,9 @@ class _NullEnv:
         return jnp.zeros_like(q)
 
 
-def transformers_tokens_per_s(model: Policy, batch: int, prompt_len: int, steps: int, repeats: int = 5,
-                              seed: int = 0) -> np.ndarray:
-    """Generated tokens/s of transformers' PyTorch `generate` (sampling) on the same weights, in the model's dtype,
-    per timed run."""
-    import torch
-    from transformers import Qwen3ForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    with tempfile.TemporaryDirectory() as d:
-        save_pretrained(model, d)
-        ref = Qwen3ForCausalLM.from_pretrained(d, dtype=getattr(torch, model.cfg.dtype)).eval()
-    ids = torch.as_tensor(np.random.default_rng(seed).integers(0, model.cfg.vocab_size, (batch, prompt_len)))
-    kwargs = dict(max_new_tokens=steps, min_new_tokens=steps, do_sample=True, top_k=0, pad_token_id=0)
-    times = []
-    with torch.no_grad():
-        ref.generate(ids, **kwargs)  # warm up at the timed shape
-        for _ in range(repeats):
-            t = time.perf_counter()
-            ref.generate(ids, **kwargs)
-            times.append(time.perf_counter() - t)
-    return batch * steps / np.asarray(times)
-
-
 def tree_fork_vs_reprefill(model: Policy, env: HopWorldEnv, num_prompts: int, roots_per_prompt: int, n: int,
                            repeats: int = 3, seed: int = 0) -> dict[str, float]:
-    """Expand a tree (forks) and, back to back, the same continuations re-prefilled from scratch.
+    """Expand a tree (forks) and the same continuations re-prefilled from scratch, taking turns (`alternate`).
 
     Both paths run their continuations in slots of the same length L. Positions: `processed` is rows x
     positions of every forward (padding and idle slots included), measured from the forwards' inputs;
@@ -199,10 +223,11 @@ def tree_fork_vs_reprefill(model: Policy, env: HopWorldEnv, num_prompts: int, ro
         cont = ex.restart(mdl, env, ro, parent, turn, keys, width=width, pad_id=protocol.PAD)
         return run_turns(mdl, env, cont, sampling=sampling)
 
-    args = (model, ro, parent, turn, keys)
-    fork_times, fork_compile, cont = _repeat(jit_with_model(forks), repeats, *args)
-    re_times, _, re_cont = _repeat(jit_with_model(reprefill), repeats, *args)
-    cont, re_cont = jax.device_get(cont), jax.device_get(re_cont)
+    forks, reprefill = jit_with_model(forks).bind(model), jit_with_model(reprefill).bind(model)
+    t = alternate({"fork": lambda: forks(ro, parent, turn, keys),
+                   "reprefill": lambda: reprefill(ro, parent, turn, keys)}, repeats)
+    fork_times, fork_compile, re_times = t["fork"].times, t["fork"].compile_s, t["reprefill"].times
+    cont, re_cont = jax.device_get(t["fork"].outputs[-1]), jax.device_get(t["reprefill"].outputs[-1])
     common_processed = int(ro.fed_positions)  # pool prefill and root rollouts
     common_useful = int(pool.lengths.sum()) + int(rt.model_tokens.sum())
     return {
@@ -222,7 +247,8 @@ def tree_fork_vs_reprefill(model: Policy, env: HopWorldEnv, num_prompts: int, ro
 def update_packed_vs_unpacked(model: Policy, env: HopWorldEnv, num_prompts: int, roots_per_prompt: int, n: int,
                               block: int, repeats: int = 3, seed: int = 0) -> dict[str, object]:
     """The update (loss forward and backward, `train.step.tree_grads`) of one uniform tree, unpacked and packed,
-    back to back. Packed into one row just long enough for this tree, its slots' tokens in blocks of `block`."""
+    taking turns (`alternate`). Packed into one row just long enough for this tree, its slots' tokens in blocks of
+    `block`."""
     plan = Plan(Allocator("uniform_tree", group_size=roots_per_prompt), roots=num_prompts * roots_per_prompt,
                 continuations=n)
     sampling = SamplingConfig()
@@ -233,31 +259,32 @@ def update_packed_vs_unpacked(model: Policy, env: HopWorldEnv, num_prompts: int,
     unpacked = StepSpec(plan=plan, sampling=sampling, clip_eps=0.2, kl_coef=0.0, predictor_coef=1.0,
                         pad_id=protocol.PAD)
     packed = dataclasses.replace(unpacked, pack_rows=1, pack_len=row_len, pack_block=block)
-    timed = {}
-    for name, spec in (("unpacked", unpacked), ("packed", packed)):
-        fn = jax.jit(lambda params, tree, spec=spec: tree_grads(graphdef, spec, params, None, tree))
-        timed[name] = _repeat(fn, repeats, params, tree)
-    aux = timed["packed"][2][1]
+    grads = {name: jax.jit(lambda params, tree, spec=spec: tree_grads(graphdef, spec, params, None, tree))
+             for name, spec in (("unpacked", unpacked), ("packed", packed))}
+    timed = alternate({name: functools.partial(fn, params, tree) for name, fn in grads.items()}, repeats)
+    aux = timed["packed"].outputs[-1][1]
     assert not bool(aux["pack_overflow"]), "sized to this tree, the packing cannot overflow"
     return {"positions_unpacked": tree.tokens.size, "positions_packed": int(aux["update_positions"]),
             "real_tokens": int(tree.length.sum()),
             "canonical_tokens": int(prompt_sizes(tree, 1).sum()),
-            "time_unpacked": timed["unpacked"][0], "time_packed": timed["packed"][0],
-            "time_ratio": float(np.median(timed["packed"][0]) / np.median(timed["unpacked"][0]))}
+            "time_unpacked": timed["unpacked"].times, "time_packed": timed["packed"].times,
+            "time_ratio": float(np.median(timed["packed"].times) / np.median(timed["unpacked"].times))}
 
 
 def expansion_sync_vs_refill(model: Policy, env: HopWorldEnv, plan: Plan, live_slots: int, num_prompts: int,
                              repeats: int = 3, seed: int = 0) -> dict[str, object]:
-    """One step's expansion by the synchronous engine and, back to back, by slot refill on live_slots rows, under
-    the same key (the same tree, checked). Positions as in `tree_fork_vs_reprefill`."""
+    """One step's expansion by the synchronous engine and by slot refill on live_slots rows, taking turns
+    (`alternate`), under the same key (the same tree, checked). Positions as in `tree_fork_vs_reprefill`."""
     pool = question_pool(env, np.arange(num_prompts))
     kwargs = dict(plan=plan, sampling=SamplingConfig(), pad_id=protocol.PAD)
-    sync = lambda mdl, key: ex.expand_tree(mdl, env, pool, key, **kwargs)
-    refilled = lambda mdl, key: refill.expand_refilled(mdl, env, pool, key, live_slots=live_slots, **kwargs)
+    sync, refilled = ex.expand_tree.bind(model), refill.expand_refilled.bind(model)
+    key = jax.random.key(seed)
+    t = alternate({"sync": lambda: sync(env, pool, key, **kwargs),
+                   "refill": lambda: refilled(env, pool, key, live_slots=live_slots, **kwargs)}, repeats)
     out = {}
-    for name, fn in (("sync", sync), ("refill", refilled)):
-        times, compile_s, (tree, _, stats) = _repeat(fn, repeats, model, jax.random.key(seed))
-        out[name] = {"time": times, "compile": compile_s, "tree": jax.device_get(tree),
+    for name, timed in t.items():
+        tree, _, stats = timed.outputs[-1]
+        out[name] = {"time": timed.times, "compile": timed.compile_s, "tree": jax.device_get(tree),
                      **{k: float(v) for k, v in stats.items()}}
     a, b = out["sync"]["tree"], out["refill"]["tree"]
     assert all(np.array_equal(x, y) for x, y in zip((a.tokens, a.length, a.parent), (b.tokens, b.length, b.parent))), \
@@ -294,7 +321,7 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
     policy = hopworld_policy(checkpoint)
     sizes = [("hopworld", policy, batch)] + ([] if skip_mid else [("mid-size", init_policy(MID_SIZE, 0), mid_batch)])
     print(f"sampler: {prompt_len}-token prompts, {steps} sampled tokens per row (temperature 1), {dtype}; "
-          f"{repeats} timed runs per side after a warm-up, median [min-max]")
+          f"{repeats} timed runs per side after a warm-up, the sides taking turns, median [min-max]")
     print(f"threads: ours XLA CPU on {os.cpu_count()} cores, transformers torch.get_num_threads()="
           f"{torch.get_num_threads()}")
     print("  ours: the prompts' prefill and the decode loop, as transformers' generate, with the model split once "
@@ -308,11 +335,11 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
     for name, model, b in sizes:
         model = in_dtype(model, dtype)
         params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-        ours, decode, compile_s = sampler_tokens_per_s(model, b, prompt_len, steps, repeats)
-        theirs = transformers_tokens_per_s(model, b, prompt_len, steps, repeats)
+        r = sampler_vs_transformers(model, b, prompt_len, steps, repeats)
+        ours, decode, theirs, compile_s = r["ours"], r["decode"], r["transformers"], r["compile"]
         ratio = np.median(ours) / np.median(theirs)
         flops = np.median(decode) * decode_flops_per_token(model.cfg, prompt_len + steps // 2)
-        limit = np.median(dot_flops_per_s(b, model.cfg, repeats))
+        limit = np.median(r["dot"])
         print(f"{name:>10} {params / 1e6:7.1f}M {b:>6} {_rate(ours):>22} {_rate(theirs):>22} {ratio:6.2f} "
               f"{compile_s:10.1f} {_rate(decode):>22} {flops / 1e9:8.2f} {limit / 1e9:7.2f} "
               f"{100 * flops / limit:6.1f}%")
