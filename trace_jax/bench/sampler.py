@@ -224,8 +224,9 @@ def tree_fork_vs_reprefill(model: Policy, env: HopWorldEnv, num_prompts: int, ro
         return run_turns(mdl, env, cont, sampling=sampling)
 
     forks, reprefill = jit_with_model(forks).bind(model), jit_with_model(reprefill).bind(model)
-    t = alternate({"fork": lambda: forks(ro, parent, turn, keys),
-                   "reprefill": lambda: reprefill(ro, parent, turn, keys)}, repeats)
+    # each timed call's rollout is kept without its KV cache (all of a call's outputs are ready at once)
+    t = alternate({"fork": lambda: dataclasses.replace(forks(ro, parent, turn, keys), cache=None),
+                   "reprefill": lambda: dataclasses.replace(reprefill(ro, parent, turn, keys), cache=None)}, repeats)
     fork_times, fork_compile, re_times = t["fork"].times, t["fork"].compile_s, t["reprefill"].times
     cont, re_cont = jax.device_get(t["fork"].outputs[-1]), jax.device_get(t["reprefill"].outputs[-1])
     common_processed = int(ro.fed_positions)  # pool prefill and root rollouts
