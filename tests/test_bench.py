@@ -11,6 +11,7 @@ from trace_jax.bench.sampler import (
     alternate,
     decode_flops_per_token,
     dot_run,
+    hopworld_policy,
     in_dtype,
     sampler_vs_transformers,
     tree_fork_vs_reprefill,
@@ -270,3 +271,13 @@ def test_contrast_bench_runs_end_to_end(tmp_path, capsys):
     assert re.search(r"perfect predictor of each question's success rate [\d.]+ ± [\d.]+ \(rates ~ Beta", printed)
     assert re.search(r"prefix AUC over \d+ turn nodes of the held-out episodes: .* [\d.]+, warmed-up head [\d.]+",
                      printed)
+
+
+def test_the_bench_says_when_its_policy_is_a_random_one(tmp_path):
+    """Without the SFT checkpoint the bench runs a random policy of the same size, whose episodes (and so the tree,
+    expansion and update figures) differ: its output must say so, and how to build the checkpoint."""
+    from trace_jax.config import SFTConfig
+
+    model, which = hopworld_policy(str(tmp_path / "missing"))
+    assert model.cfg == SFTConfig().model
+    assert "random init" in which and "missing" in which and "trace-jax sft" in which

@@ -295,11 +295,14 @@ def expansion_sync_vs_refill(model: Policy, env: HopWorldEnv, plan: Plan, live_s
     return out
 
 
-def hopworld_policy(checkpoint: str | None) -> Policy:
+def hopworld_policy(checkpoint: str | None) -> tuple[Policy, str]:
+    """(the HopWorld-size policy, which one it is): the checkpoint's, else a random one of the same size. The tokens/s
+    table does not depend on the weights; the tree, expansion and update sections do (episode lengths)."""
     if checkpoint and Path(checkpoint).exists():
         from trace_jax.checkpoints import load_model
-        return load_model(checkpoint)
-    return init_policy(SFTConfig().model, seed=0)
+        return load_model(checkpoint), checkpoint
+    return init_policy(SFTConfig().model, seed=0), (f"a random init of the same size (no checkpoint at {checkpoint}: "
+                                                    "`trace-jax sft` builds the SFT base policy)")
 
 
 def in_dtype(model: Policy, dtype: str) -> Policy:
@@ -319,12 +322,13 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
-    policy = hopworld_policy(checkpoint)
+    policy, which = hopworld_policy(checkpoint)
     sizes = [("hopworld", policy, batch)] + ([] if skip_mid else [("mid-size", init_policy(MID_SIZE, 0), mid_batch)])
     print(f"sampler: {prompt_len}-token prompts, {steps} sampled tokens per row (temperature 1), {dtype}; "
           f"{repeats} timed runs per side after a warm-up, the sides taking turns, median [min-max]")
     print(f"threads: ours XLA CPU on {os.cpu_count()} cores, transformers torch.get_num_threads()="
           f"{torch.get_num_threads()}")
+    print(f"HopWorld-size policy: {which}")
     print("  ours: the prompts' prefill and the decode loop, as transformers' generate, with the model split once "
           "(as a training step holds it); decode: the loop alone (each run times the two apart). GFLOP/s: the decode "
           "loop at the useful FLOPs of a token (projections, output "
