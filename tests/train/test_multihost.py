@@ -21,6 +21,8 @@ pytestmark = pytest.mark.all_devices  # one process with all 8 devices is the re
 HERE = Path(__file__).parent
 # pool_size=8 on 8 devices: one row per device, so each process holds (and loads) half of every pool
 TWO_STEPS = [*OVERRIDES, "pool_size=8", "roots=8", "steps=2", "warmup.batches=0"]
+
+
 def test_each_process_loads_its_half_of_the_global_pool(run_dirs):  # noqa: F811
     paths = [f"init_checkpoint={run_dirs / 'base'}", f"data_dir={run_dirs / 'tfds'}"]
     runs = two_processes(lambda port, i: [sys.executable, str(HERE / "two_process_pool.py"), str(port), str(i),
@@ -72,6 +74,7 @@ def test_two_processes_train_like_one_process_with_all_devices_through_a_preempt
     # ~1e-5 of Adam's float32 noise, and the budgets
     assert_rows_close(logged_rows(one / "allocation.jsonl"), logged_rows(two / "allocation.jsonl"),
                       lambda key: (0.0, 1e-4))
+
 
 def test_two_processes_answer_their_own_slots_on_the_host_path(tmp_path):
     """The host path (search QA's) over 2 processes x 4 devices: each process's environment answers only its
