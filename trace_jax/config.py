@@ -13,6 +13,7 @@ import yaml
 from trace_jax.envs.hopworld.config import HopWorldConfig
 from trace_jax.envs.search_qa.config import SearchQAConfig
 from trace_jax.models.config import ModelConfig
+from trace_jax.rollout.sampling import DRAWS
 
 T = TypeVar("T")
 
@@ -274,6 +275,8 @@ class TrainConfig:
     # 0: synchronous turns over all M*(1+N) slots; -1 (auto): 4 rows per data-parallel device on CPU, else 0
     temperature: float = 1.0  # sampling temperature of rollouts (the loss scores tokens at the same temperature)
     top_p: float = 1.0  # nucleus sampling of rollouts (1: off); the loss scores tokens under the uncut distribution
+    draw: str = "gumbel"  # how rollouts draw a token: gumbel (the tokens of jax.random.categorical) | inverse_cdf
+    # (one uniform a row: the same distribution, other tokens under a seed, faster at large vocabularies)
     steps: int = 40  # RL steps (one expansion and one update each)
     learning_rate: float = 5e-5  # the policy's Adam learning rate
     max_grad_norm: float = 1.0  # global-norm gradient clipping, per optimizer group
@@ -336,6 +339,8 @@ class TrainConfig:
                              f"pool_size={self.pool_size}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"train.top_p must be in (0, 1], got {self.top_p}")
+        if self.draw not in DRAWS:
+            raise ValueError(f"train.draw={self.draw!r}: use one of {DRAWS}")
         if self.pack_rows < -1 or self.pack_len < 0 or (self.pack_len > 0 and self.pack_rows <= 0):
             raise ValueError(f"train.pack_rows={self.pack_rows} and train.pack_len={self.pack_len}: pack_rows > 0 "
                              "packs the update in that many rows (-1: auto, 0: off), pack_len > 0 sets their "

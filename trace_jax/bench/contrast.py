@@ -248,7 +248,7 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
     base = base_policy(cfg)
     model = with_predictor_layers(base, cfg.predictor_layers)
     questions = held_out_questions(cfg)
-    sampling = SamplingConfig(cfg.temperature, cfg.top_p)
+    sampling = SamplingConfig(cfg.temperature, cfg.top_p, cfg.draw)
     tree = rollout_questions(model, env, np.repeat(questions, samples), cfg.eval_batch, jax.random.key(cfg.seed + 11),
                              sampling)
     reward = np.asarray(tree.reward).reshape(len(questions), samples) > 0.5

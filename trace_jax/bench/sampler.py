@@ -32,6 +32,7 @@ from trace_jax.models.qwen3 import matmul
 from trace_jax.rollout import expand as ex
 from trace_jax.rollout import refill
 from trace_jax.rollout.engine import SamplingConfig, TurnSpec, generate_turn, max_len, run_turns
+from trace_jax.rollout.sampling import DRAWS
 from trace_jax.sharding import init_policy
 from trace_jax.train.packing import prompt_sizes
 from trace_jax.train.step import StepSpec, tree_grads
@@ -78,10 +79,12 @@ def spread(times: np.ndarray) -> str:
     return f"{np.median(times):.3f} [{times.min():.3f}-{times.max():.3f}]"
 
 
-def sampler_run(model: Policy, batch: int, prompt_len: int, steps: int, seed: int = 0) -> Callable[[], float]:
+def sampler_run(model: Policy, batch: int, prompt_len: int, steps: int, seed: int = 0, draw: str = "gumbel"
+                ) -> Callable[[], float]:
     """One run of our jitted sampler on `batch` rows, as a call: the prompts' prefill (into the root slots) and the
-    decode loop of `steps` tokens, two calls back to back, with the model split once (`bind`), as a training step
-    holds its parameters (not NNX's walk of the module at every call). Returns the decode loop's seconds."""
+    decode loop of `steps` tokens drawn by `draw` (`sampling.DRAWS`), two calls back to back, with the model split
+    once (`bind`), as a training step holds its parameters (not NNX's walk of the module at every call). Returns the
+    decode loop's seconds."""
     spec = TurnSpec(action_len=steps, obs_len=1, max_turns=1, stop_ids=())  # exactly `steps` tokens
     rng = np.random.default_rng(seed)
     pool = ex.Pool(tokens=jnp.asarray(rng.integers(0, model.cfg.vocab_size, (batch, prompt_len)), jnp.int32),
@@ -92,7 +95,7 @@ def sampler_run(model: Policy, batch: int, prompt_len: int, steps: int, seed: in
                               jax.random.split(key, batch), pad_id=0)
 
     def decode(m, ro):
-        return generate_turn(m, ro, spec=spec, sampling=SamplingConfig())[0].tree.length
+        return generate_turn(m, ro, spec=spec, sampling=SamplingConfig(draw=draw))[0].tree.length
 
     start, decode = jit_with_model(start).bind(model), jit_with_model(decode).bind(model)
     key = jax.random.key(1)
@@ -125,18 +128,19 @@ def transformers_run(model: Policy, batch: int, prompt_len: int, steps: int, see
 
 
 def sampler_vs_transformers(model: Policy, batch: int, prompt_len: int, steps: int, repeats: int = 5,
-                            seed: int = 0) -> dict[str, np.ndarray | float]:
-    """Per timed run [repeats]: generated tokens/s of our sampler (`ours`: the prompts' prefill and the decode loop;
-    `decode`: the same tokens over the loop's time alone) and of transformers' `generate` (`transformers`) on the
-    same weights, batch and lengths, and the FLOP/s of `dot_run` at the decode step's shapes (`dot`), the three
-    taking turns (`alternate`); `compile`: our first call's extra seconds."""
+                            seed: int = 0, draws: tuple[str, ...] = DRAWS) -> dict[str, dict | np.ndarray]:
+    """Per timed run [repeats]: generated tokens/s of our sampler with each of `draws` (`ours[draw]`: the prompts'
+    prefill and the decode loop; `decode[draw]`: the same tokens over the loop's time alone) and of transformers'
+    `generate` (`transformers`) on the same weights, batch and lengths, and the FLOP/s of `dot_run` at the decode
+    step's shapes (`dot`), all taking turns (`alternate`); `compile[draw]`: our first call's extra seconds."""
     dot, dot_flops = dot_run(batch, model.cfg)
-    t = alternate({"ours": sampler_run(model, batch, prompt_len, steps, seed),
+    t = alternate({**{draw: sampler_run(model, batch, prompt_len, steps, seed, draw) for draw in draws},
                    "transformers": transformers_run(model, batch, prompt_len, steps, seed), "dot": dot}, repeats)
     tokens = batch * steps
-    return {"ours": tokens / t["ours"].times, "decode": tokens / np.asarray(t["ours"].outputs),
+    return {"ours": {d: tokens / t[d].times for d in draws}, "decode": {d: tokens / np.asarray(t[d].outputs)
+                                                                        for d in draws},
             "transformers": tokens / t["transformers"].times, "dot": dot_flops / t["dot"].times,
-            "compile": t["ours"].compile_s}
+            "compile": {d: t[d].compile_s for d in draws}}
 
 
 def decode_flops_per_token(cfg: ModelConfig, context: int) -> int:
@@ -335,19 +339,22 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
           "head, attention over the tokens before it); dot: a jitted matmul [batch, hidden] x [hidden, MLP width] as "
           "the model runs its matmuls (qwen3.matmul: jnp.dot in float32), this machine's matmul limit at a decode "
           "step's shapes, measured in this run")
-    print(f"{'model':>10} {'params':>8} {'batch':>6} {'ours tok/s':>22} {'HF tok/s':>22} {'ratio':>6} "
+    print("  draw: how ours draws a token (train.draw): gumbel, the default (the tokens of jax.random.categorical), "
+          "or inverse_cdf (one uniform a row); HF and dot are one measurement per model, taking turns with both")
+    print(f"{'model':>10} {'params':>8} {'batch':>6} {'draw':>12} {'ours tok/s':>22} {'HF tok/s':>22} {'ratio':>6} "
           f"{'compile s':>10} {'decode tok/s':>22} {'GFLOP/s':>8} {'dot':>7} {'of dot':>7}")
     for name, model, b in sizes:
         model = in_dtype(model, dtype)
         params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
         r = sampler_vs_transformers(model, b, prompt_len, steps, repeats)
-        ours, decode, theirs, compile_s = r["ours"], r["decode"], r["transformers"], r["compile"]
-        ratio = np.median(ours) / np.median(theirs)
-        flops = np.median(decode) * decode_flops_per_token(model.cfg, prompt_len + steps // 2)
-        limit = np.median(r["dot"])
-        print(f"{name:>10} {params / 1e6:7.1f}M {b:>6} {_rate(ours):>22} {_rate(theirs):>22} {ratio:6.2f} "
-              f"{compile_s:10.1f} {_rate(decode):>22} {flops / 1e9:8.2f} {limit / 1e9:7.2f} "
-              f"{100 * flops / limit:6.1f}%")
+        theirs, limit = r["transformers"], np.median(r["dot"])
+        for draw in DRAWS:
+            ours, decode = r["ours"][draw], r["decode"][draw]
+            ratio = np.median(ours) / np.median(theirs)
+            flops = np.median(decode) * decode_flops_per_token(model.cfg, prompt_len + steps // 2)
+            print(f"{name:>10} {params / 1e6:7.1f}M {b:>6} {draw:>12} {_rate(ours):>22} {_rate(theirs):>22} "
+                  f"{ratio:6.2f} {r['compile'][draw]:10.1f} {_rate(decode):>22} {flops / 1e9:8.2f} "
+                  f"{limit / 1e9:7.2f} {100 * flops / limit:6.1f}%")
 
     wcfg = HopWorldConfig(max_hops=2, max_turns=3, num_questions=512)
     env = HopWorldEnv(build_world(wcfg), wcfg)

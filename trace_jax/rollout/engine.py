@@ -27,21 +27,26 @@ from trace_jax.models.cache import KVCache
 from trace_jax.models.decode import at_rows
 from trace_jax.models.jit import jit_with_model
 from trace_jax.models.qwen3 import ModelOutput, Policy
-from trace_jax.rollout.sampling import sample_tokens
+from trace_jax.rollout.sampling import DRAWS, sample_tokens
 from trace_jax.rollout.tree import Tree
 from trace_jax.sharding import constrain_rows, from_process_rows, process_rows, to_host, to_process_rows
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
+    """temperature (0: greedy), top_p (1: off) and the draw (`sampling.DRAWS`: gumbel, inverse_cdf)."""
+
     temperature: float = 1.0
     top_p: float = 1.0
+    draw: str = "gumbel"
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"sampling.temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.draw not in DRAWS:
+            raise ValueError(f"sampling.draw={self.draw!r}: use one of {DRAWS}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +128,7 @@ def generate_turn(model: Policy, ro: Rollout, *, spec: TurnSpec, sampling: Sampl
         k, ro, active, action, action_len, recent = carry
         tree = ro.tree
         keys = jax.vmap(jax.random.fold_in)(ro.keys, tree.length)
-        tok, logp = sample_tokens(ro.logits, keys, sampling.temperature, sampling.top_p)
+        tok, logp = sample_tokens(ro.logits, keys, sampling.temperature, sampling.top_p, sampling.draw)
         pos = jnp.where(active, tree.length, tree.max_len)[:, None]
         out, fed = forward(model, ro, tok[:, None], active.astype(jnp.int32))
         tree = dataclasses.replace(

@@ -94,7 +94,7 @@ def evaluate(model: Policy, env: SearchQAEnv, questions: Questions, cfg: TrainCo
     """(eval/<dataset>/<metric> and eval/{average,weighted}/<metric>, the Markdown table, one {"dataset",
     "question", "response", "em", "f1", "sub_em"} per question). mesh: the one the model's parameters are on,
     over whose batch axes each batch's rows are split (None: one device)."""
-    sampling = SamplingConfig(cfg.temperature, cfg.top_p)
+    sampling = SamplingConfig(cfg.temperature, cfg.top_p, cfg.draw)
     key = jax.random.fold_in(jax.random.key(cfg.seed + 7), step)
     per, answers = {}, []
     for i, (d, qs) in enumerate(questions.evals.items()):
