@@ -41,7 +41,6 @@ from trace_jax.envs.hopworld.world import World
 from trace_jax.evaluate import rollout_questions, success_by_hops
 from trace_jax.models.qwen3 import Policy, with_predictor_layers
 from trace_jax.objectives import auc
-from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.tree import Tree
 from trace_jax.train.warmup import Episodes, episode_values, fit_own_layers, select
 
@@ -237,7 +236,7 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
     """The figures above as a dict: success_hop{h}, mixed_at_group, auc_question_mean, auc_hop_rate,
     prefix_auc_state, prefix_nodes, auc_head and prefix_auc_head (after the warm-up; absent when warmup is False), and
     `probe_report`'s prefix_auc_probe_* and `tower_report`'s figures after tower_steps minibatches (probes: True)."""
-    from trace_jax.train.loop import base_policy, held_out_questions, split_question_ids, warm_up
+    from trace_jax.train.loop import base_policy, held_out_questions, rollout_sampling, split_question_ids, warm_up
     from trace_jax.train.warmup import read_hidden
 
     if samples < group + 1 or group < 2:
@@ -248,7 +247,7 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
     base = base_policy(cfg)
     model = with_predictor_layers(base, cfg.predictor_layers)
     questions = held_out_questions(cfg)
-    sampling = SamplingConfig(cfg.temperature, cfg.top_p, cfg.draw)
+    sampling = rollout_sampling(cfg)
     tree = rollout_questions(model, env, np.repeat(questions, samples), cfg.eval_batch, jax.random.key(cfg.seed + 11),
                              sampling)
     reward = np.asarray(tree.reward).reshape(len(questions), samples) > 0.5

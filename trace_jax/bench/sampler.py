@@ -348,10 +348,11 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
         params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
         r = sampler_vs_transformers(model, b, prompt_len, steps, repeats)
         theirs, limit = r["transformers"], np.median(r["dot"])
+        per_token = decode_flops_per_token(model.cfg, prompt_len + steps // 2)
         for draw in DRAWS:
             ours, decode = r["ours"][draw], r["decode"][draw]
             ratio = np.median(ours) / np.median(theirs)
-            flops = np.median(decode) * decode_flops_per_token(model.cfg, prompt_len + steps // 2)
+            flops = np.median(decode) * per_token
             print(f"{name:>10} {params / 1e6:7.1f}M {b:>6} {draw:>12} {_rate(ours):>22} {_rate(theirs):>22} "
                   f"{ratio:6.2f} {r['compile'][draw]:10.1f} {_rate(decode):>22} {flops / 1e9:8.2f} "
                   f"{limit / 1e9:7.2f} {100 * flops / limit:6.1f}%")

@@ -132,21 +132,23 @@ def _inverse_cdf(logits: jax.Array, u: jax.Array, block: int = 128) -> jax.Array
     top = logits.max(axis=-1, keepdims=True)  # [S, 1]
     if v <= 8 * block:
         p = jnp.exp(logits - top)  # [S, V]
-        return _first_past(p, u * p.sum(axis=-1))
+        return _first_past(p, u * p.sum(axis=-1))[0]
     blocks = jnp.pad(logits, ((0, 0), (0, -v % block)), constant_values=-jnp.inf).reshape(s, -1, block)
     mass = jnp.exp(blocks - top[:, :, None]).sum(axis=-1)  # [S, blocks]
     target = u * mass.sum(axis=-1)  # [S]
-    b = _first_past(mass, target)  # [S] the block where the cumulative mass passes the target
-    before = jnp.where(b > 0, jnp.take_along_axis(jnp.cumsum(mass, axis=-1), jnp.maximum(b - 1, 0)[:, None],
-                                                  axis=-1)[:, 0], 0.0)  # [S] the mass of the blocks before it
+    b, cum = _first_past(mass, target)  # [S] the block where the cumulative mass passes the target
+    before = jnp.where(b > 0, jnp.take_along_axis(cum, jnp.maximum(b - 1, 0)[:, None], axis=-1)[:, 0],
+                       0.0)  # [S] the mass of the blocks before it, the very prefix sum b was chosen by
     inner = jnp.exp(jnp.take_along_axis(blocks, b[:, None, None], axis=1)[:, 0] - top)  # [S, block]
-    return (b * block + _first_past(inner, target - before)).astype(jnp.int32)
+    return (b * block + _first_past(inner, target - before)[0]).astype(jnp.int32)
 
 
-def _first_past(p: jax.Array, target: jax.Array) -> jax.Array:
-    """The first index whose cumulative sum of p [S, n] (>= 0) exceeds target [S], else the last with p > 0: [S]
-    int32. Where rounding leaves the target at or past the whole sum, that last positive entry is drawn."""
+def _first_past(p: jax.Array, target: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(the first index whose cumulative sum of p [S, n] (>= 0) exceeds target [S], else the last with p > 0: [S]
+    int32; the cumulative sums [S, n]). Where rounding leaves the target at or past the whole sum, that last positive
+    entry is drawn."""
     n = p.shape[-1]
-    passed = jnp.sum(jnp.cumsum(p, axis=-1) <= target[:, None], axis=-1)
+    cum = jnp.cumsum(p, axis=-1)
+    passed = jnp.sum(cum <= target[:, None], axis=-1)
     last = n - 1 - jnp.argmax((p > 0)[:, ::-1], axis=-1)
-    return jnp.minimum(passed, last).astype(jnp.int32)
+    return jnp.minimum(passed, last).astype(jnp.int32), cum

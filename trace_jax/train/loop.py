@@ -103,6 +103,11 @@ class Budget(NamedTuple):
 CPU_REFILL_ROWS = 4  # live rows per data-parallel device of `refill_slots: -1` on CPU (`trace-jax bench sampler`)
 
 
+def rollout_sampling(cfg: TrainConfig) -> SamplingConfig:
+    """How cfg's rollouts sample (temperature, top_p, draw): training, the predictor's warm-up and evaluation alike."""
+    return SamplingConfig(cfg.temperature, cfg.top_p, cfg.draw)
+
+
 def refill_rows(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None) -> int:
     """S_live of cfg's rollouts (0: synchronous): refill_slots, or for -1 (auto) 4 rows per data-parallel device on
     a CPU (where a decode step costs in proportion to its rows) and 0 elsewhere (unmeasured there), 0 with
@@ -128,7 +133,7 @@ def step_spec(cfg: TrainConfig, budget: Budget, pad_id: int = protocol.PAD,
     allocator = Allocator(cfg.allocator, group_size=budget.group_size, max_per_anchor=cfg.max_per_anchor or None,
                           max_roots=cfg.max_roots_per_prompt or None)
     return StepSpec(plan=Plan(allocator, roots=budget.roots, continuations=budget.continuations),
-                    sampling=SamplingConfig(cfg.temperature, cfg.top_p, cfg.draw), clip_eps=cfg.clip_eps,
+                    sampling=rollout_sampling(cfg), clip_eps=cfg.clip_eps,
                     kl_coef=cfg.kl_coef, predictor_coef=cfg.predictor_coef, pad_id=pad_id,
                     predictor_backbone_grad=cfg.predictor_backbone_grad, mesh=mesh, remat=cfg.remat,
                     pack_rows=pack_rows(cfg, mesh), pack_len=cfg.pack_len, pack_block=cfg.pack_block,
@@ -184,8 +189,8 @@ def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv | HostEnv, pools: 
         pools = lambda i: pool_of(loader.batch(i))
     spec = WarmupSpec(batches=w.batches, group_size=w.group_size, roots=cfg.roots, continuations=cfg.continuations,
                       fit_steps=w.fit_steps, learning_rate=w.learning_rate,
-                      sampling=SamplingConfig(cfg.temperature, cfg.top_p, cfg.draw), pad_id=pad_id,
-                      fit_rows=w.fit_rows, layers_learning_rate=w.layers_learning_rate)
+                      sampling=rollout_sampling(cfg), pad_id=pad_id, fit_rows=w.fit_rows,
+                      layers_learning_rate=w.layers_learning_rate)
     expand = functools.partial(expand_scheduled, host=host, chunk_slots=cfg.chunk_slots, live_slots=refill_rows(cfg))
     t0 = time.perf_counter()
     _, report = warm_up_predictor(model, env, pools, jax.random.key(cfg.seed + 3), spec, expand)
@@ -267,8 +272,8 @@ def evaluate(model: Policy, env: HopWorldEnv, questions: np.ndarray, cfg: TrainC
     """(eval/* metrics: test success per hop and predictor quality, reliability bins) at `step`."""
     questions = np.repeat(questions, cfg.eval_samples)
     tree = rollout_questions(model, env, questions, cfg.eval_batch, jax.random.fold_in(jax.random.key(cfg.seed + 7),
-                             step), SamplingConfig(cfg.temperature, cfg.top_p, cfg.draw),
-                             progress=distributed.is_main(), mesh=shd.make_mesh(cfg.mesh))
+                             step), rollout_sampling(cfg), progress=distributed.is_main(),
+                             mesh=shd.make_mesh(cfg.mesh))
     scores, bins = predictor_quality(tree)
     out = success_by_hops(tree.reward, np.asarray(env.world.hops)[questions]) | scores
     return {f"eval/{k}": v for k, v in out.items()}, bins

@@ -35,7 +35,6 @@ from trace_jax.models import from_pretrained, save_pretrained
 from trace_jax.models.qwen3 import Policy, with_predictor_layers
 from trace_jax.retrieval.client import RetrieverClient
 from trace_jax.rollout.chunks import Chunk, runs_in_chunks
-from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
 from trace_jax.rollout.schedule import expand_scheduled
 from trace_jax.rollout.tree import Tree
@@ -46,6 +45,7 @@ from trace_jax.train.loop import (
     checkpoint_step,
     equal_cost_budget,
     record_step,
+    rollout_sampling,
     run_state,
     step_spec,
     warm_up,
@@ -94,7 +94,7 @@ def evaluate(model: Policy, env: SearchQAEnv, questions: Questions, cfg: TrainCo
     """(eval/<dataset>/<metric> and eval/{average,weighted}/<metric>, the Markdown table, one {"dataset",
     "question", "response", "em", "f1", "sub_em"} per question). mesh: the one the model's parameters are on,
     over whose batch axes each batch's rows are split (None: one device)."""
-    sampling = SamplingConfig(cfg.temperature, cfg.top_p, cfg.draw)
+    sampling = rollout_sampling(cfg)
     key = jax.random.fold_in(jax.random.key(cfg.seed + 7), step)
     per, answers = {}, []
     for i, (d, qs) in enumerate(questions.evals.items()):
