@@ -8,9 +8,11 @@ import pytest
 
 from toy import TINY_POLICY, tiny_env
 from trace_jax.bench.sampler import (
+    DRAW_SIDES,
     alternate,
     decode_flops_per_token,
     dot_run,
+    draws_alone,
     hopworld_policy,
     in_dtype,
     sampler_vs_transformers,
@@ -47,6 +49,19 @@ def test_sides_take_turns_after_one_untimed_call_each():
     assert calls == ["a", "b"] + ["a", "b", "b", "a"] * 2
     assert [t["a"].outputs, t["b"].outputs] == [[3, 6, 7, 10], [4, 5, 8, 9]]
     assert t["a"].times.shape == t["b"].times.shape == (4,) and (t["a"].times >= 0).all()
+
+
+def test_the_draw_table_times_each_draw_over_the_same_chain_of_keys():
+    """Each side chains its draws under keys folded from its last tokens: jax.random.categorical and our Gumbel-max,
+    which draw the same tokens, end on the same tokens after every timed call (a side that timed another draw, or
+    skipped draws, would not); the inverse-CDF side draws tokens of the vocabulary."""
+    t, calls = draws_alone(rows=4, vocab=300, repeats=2)
+    assert list(t) == list(DRAW_SIDES) and calls == 1000
+    for ours, theirs in zip(t["gumbel"].outputs, t["jax.random"].outputs):
+        np.testing.assert_array_equal(ours, theirs)
+    inverse = np.asarray(t["inverse_cdf"].outputs)
+    assert inverse.shape == (2, 4) and ((inverse >= 0) & (inverse < 300)).all()
+    assert all(timed.times.shape == (2,) and (timed.times > 0).all() for timed in t.values())
 
 
 def test_solver_benchmark_prints_rows(capsys):

@@ -1,5 +1,5 @@
-"""`trace-jax bench sampler`: sampler throughput against transformers, forks against re-prefill, the tree-packed
-update against the unpacked one.
+"""`trace-jax bench sampler`: sampler throughput against transformers, the token draws alone, forks against
+re-prefill, slot refill against synchronous turns, the tree-packed update against the unpacked one.
 
 Every comparison runs both sides in this process, several times each, the sides taking turns (`alternate`), and
 prints the median, the spread and the ratio of medians; the machine's absolute speed cancels out. Compile time is
@@ -26,11 +26,12 @@ from trace_jax.config import SFTConfig, TrainConfig
 from trace_jax.envs.hopworld import HopWorldConfig, build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.evaluate import question_pool
+from trace_jax.memory.plan import PRESETS
 from trace_jax.models import ModelConfig, Policy, from_pretrained, save_pretrained
 from trace_jax.models.jit import jit_with_model
 from trace_jax.models.qwen3 import matmul
 from trace_jax.rollout import expand as ex
-from trace_jax.rollout import refill
+from trace_jax.rollout import refill, sampling
 from trace_jax.rollout.engine import SamplingConfig, TurnSpec, generate_turn, max_len, run_turns
 from trace_jax.rollout.sampling import DRAWS
 from trace_jax.sharding import init_policy
@@ -141,6 +142,35 @@ def sampler_vs_transformers(model: Policy, batch: int, prompt_len: int, steps: i
                                                                         for d in draws},
             "transformers": tokens / t["transformers"].times, "dot": dot_flops / t["dot"].times,
             "compile": {d: t[d].compile_s for d in draws}}
+
+
+DRAW_SIDES: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
+    "jax.random": lambda keys, logits: jax.vmap(jax.random.categorical)(keys, logits).astype(jnp.int32),
+    "gumbel": sampling.categorical,  # the tokens of jax.random.categorical
+    "inverse_cdf": sampling.inverse_cdf,
+}
+
+
+def draws_alone(rows: int, vocab: int, repeats: int = 5, seed: int = 0) -> tuple[dict[str, Timed], int]:
+    """(the token draw alone of each of `DRAW_SIDES` from [rows, vocab] float32 logits, taking turns (`alternate`),
+    draws a timed call). A call chains its draws in a loop, each under keys folded from the last one's first token
+    and from logits scaled by a factor that depends on it (as a decode step's draw gets new logits: nothing is
+    hoisted out of the loop or skipped); it returns its last draw's tokens [rows], so draws of the same tokens end
+    alike."""
+    logits = jnp.asarray(np.random.default_rng(seed).normal(size=(rows, vocab)) * 3.0, jnp.float32)
+    calls = int(np.clip(2**24 // (rows * vocab), 4, 1000))  # about 16M logits drawn from a call
+
+    def chain(draw):
+        def run(logits):
+            def body(i, tokens):
+                scaled = logits * (tokens[0] >= 0).astype(jnp.float32)  # times 1, which the compiler cannot know
+                return draw(jax.random.split(jax.random.fold_in(jax.random.key(seed), i + tokens[0]), rows), scaled)
+
+            return jax.lax.fori_loop(0, calls, body, jnp.zeros((rows,), jnp.int32))
+
+        return functools.partial(jax.jit(run), logits)
+
+    return alternate({name: chain(draw) for name, draw in DRAW_SIDES.items()}, repeats), calls
 
 
 def decode_flops_per_token(cfg: ModelConfig, context: int) -> int:
@@ -356,6 +386,17 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
             print(f"{name:>10} {params / 1e6:7.1f}M {b:>6} {draw:>12} {_rate(ours):>22} {_rate(theirs):>22} "
                   f"{ratio:6.2f} {r['compile'][draw]:10.1f} {_rate(decode):>22} {flops / 1e9:8.2f} "
                   f"{limit / 1e9:7.2f} {100 * flops / limit:6.1f}%")
+
+    print(f"\ndraw: the token draw alone from {batch} rows of float32 logits (temperature 1), per draw, the draws "
+          "taking turns: jax.random.categorical (vmapped), ours (gumbel: the same tokens; the default) and inverse_cdf")
+    print(f"{'vocab':>7} {'draws':>6} {'jax.random ms':>22} {'gumbel ms':>22} {'inverse_cdf ms':>22} "
+          f"{'gumbel vs jax':>14} {'inverse_cdf vs gumbel':>22}")
+    for vocab in (policy.cfg.vocab_size, MID_SIZE.vocab_size, PRESETS["qwen3-8b"].vocab_size):
+        t, calls = draws_alone(batch, vocab, repeats)
+        ms = {name: 1e3 * timed.times / calls for name, timed in t.items()}
+        print(f"{vocab:>7} {calls:>6} " + " ".join(f"{spread(ms[name]):>22}" for name in DRAW_SIDES) +
+              f" {np.median(ms['jax.random']) / np.median(ms['gumbel']):13.2f}x "
+              f"{np.median(ms['gumbel']) / np.median(ms['inverse_cdf']):21.2f}x")
 
     wcfg = HopWorldConfig(max_hops=2, max_turns=3, num_questions=512)
     env = HopWorldEnv(build_world(wcfg), wcfg)
