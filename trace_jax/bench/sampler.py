@@ -153,10 +153,10 @@ DRAW_SIDES: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
 
 def draws_alone(rows: int, vocab: int, repeats: int = 5, seed: int = 0) -> tuple[dict[str, Timed], int]:
     """(the token draw alone of each of `DRAW_SIDES` from [rows, vocab] float32 logits, taking turns (`alternate`),
-    draws a timed call). A call chains its draws in a loop, each under keys folded from the last one's first token
-    and from logits scaled by a factor that depends on it (as a decode step's draw gets new logits: nothing is
-    hoisted out of the loop or skipped); it returns its last draw's tokens [rows], so draws of the same tokens end
-    alike."""
+    draws a timed call). A call chains its draws in a loop, each under keys folded from the last draw's first token,
+    on the logits times a factor of 1 computed from that token (as a decode step's draw gets new logits: nothing is
+    hoisted out of the loop, folded at compile time or skipped); it returns its last draw's tokens [rows], so draws
+    of the same tokens end alike."""
     logits = jnp.asarray(np.random.default_rng(seed).normal(size=(rows, vocab)) * 3.0, jnp.float32)
     calls = int(np.clip(2**24 // (rows * vocab), 4, 1000))  # about 16M logits drawn from a call
 
