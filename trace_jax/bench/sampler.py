@@ -33,7 +33,6 @@ from trace_jax.models.qwen3 import matmul
 from trace_jax.rollout import expand as ex
 from trace_jax.rollout import refill, sampling
 from trace_jax.rollout.engine import SamplingConfig, TurnSpec, generate_turn, max_len, run_turns
-from trace_jax.rollout.sampling import DRAWS
 from trace_jax.sharding import init_policy
 from trace_jax.train.packing import prompt_sizes
 from trace_jax.train.step import StepSpec, tree_grads
@@ -129,7 +128,7 @@ def transformers_run(model: Policy, batch: int, prompt_len: int, steps: int, see
 
 
 def sampler_vs_transformers(model: Policy, batch: int, prompt_len: int, steps: int, repeats: int = 5,
-                            seed: int = 0, draws: tuple[str, ...] = DRAWS) -> dict[str, dict | np.ndarray]:
+                            seed: int = 0, draws: tuple[str, ...] = sampling.DRAWS) -> dict[str, dict | np.ndarray]:
     """Per timed run [repeats]: generated tokens/s of our sampler with each of `draws` (`ours[draw]`: the prompts'
     prefill and the decode loop; `decode[draw]`: the same tokens over the loop's time alone) and of transformers'
     `generate` (`transformers`) on the same weights, batch and lengths, and the FLOP/s of `dot_run` at the decode
@@ -379,7 +378,7 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
         r = sampler_vs_transformers(model, b, prompt_len, steps, repeats)
         theirs, limit = r["transformers"], np.median(r["dot"])
         per_token = decode_flops_per_token(model.cfg, prompt_len + steps // 2)
-        for draw in DRAWS:
+        for draw in sampling.DRAWS:
             ours, decode = r["ours"][draw], r["decode"][draw]
             ratio = np.median(ours) / np.median(theirs)
             flops = np.median(decode) * per_token
