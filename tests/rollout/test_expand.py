@@ -227,6 +227,39 @@ def test_sharded_slots_give_the_same_tree(env, model):
     assert M * N // 4 in rows and M * N not in rows, rows
 
 
+def _collectives(hlo: str) -> list[tuple[str, str, str]]:
+    """(collective, shape, op_name) of each cross-device op in a compiled program's text."""
+    found = re.findall(r"= (\S+) (all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter)(?:-start)?\("
+                       r".*?op_name=\"([^\"]*)\"", hlo)
+    return [(op, shape, name) for shape, op, name in found]
+
+
+@pytest.mark.parametrize("sampling", [SAMPLING, SamplingConfig(temperature=0.7, top_p=0.9)], ids=["t1", "top_p"])
+def test_a_sharded_episode_exchanges_only_scalars(env, sampling):
+    """On a mesh splitting the slots each device plays its own rows: an episode's turns (the decode loops, the
+    environment's steps, the observations) exchange only scalars, whether any slot is still active and the tokens
+    counted, never rows. A write at each row's own position indexed by an iota of rows was partitioned as a gather
+    of every row onto every device: each step's new keys and values on every layer, the tree's tokens, top-p's mask.
+    """
+    mesh = shd.make_mesh(MeshConfig(data=-1, fsdp=1, tensor=1), jax.devices()[:4])
+    model = init_policy(TINY_POLICY, seed=0, mesh=mesh)
+    pool = question_pool(env, np.arange(B))
+    pool = ex.Pool(*(jax.device_put(a, shd.batch_sharding(a.shape, mesh)) for a in (pool.tokens, pool.lengths,
+                                                                                      pool.question)))
+
+    def episode(m, pool, key):
+        ro = ex.start_roots(m, env, pool, ex.prefill_pool(m, pool), jnp.arange(M, dtype=jnp.int32) % B,
+                            jax.random.split(key, M), pad_id=protocol.PAD)
+        return shd.constrain_rows(run_turns(m, env, shd.constrain_rows(ro, mesh), sampling=sampling).tree, mesh)
+
+    hlo = jit_with_model(episode).lower(model, pool, jax.random.key(0)).compile().as_text()
+    exchanged = [c for c in _collectives(hlo) if "while/" in c[2]]  # inside the turns' loops
+    assert exchanged, "the decode loop's stop test is an all-reduce: the pattern above no longer reads this HLO"
+    assert all(op == "all-reduce" and shape.endswith("[]") for op, shape, _ in exchanged), exchanged
+    per_token = [c for c in exchanged if c[2].count("while/") > 1]  # in a decode loop, inside the turns' loop
+    assert [shape for _, shape, _ in per_token] == ["pred[]"], exchanged  # a decode step's one exchange
+
+
 def test_degenerate_budgets(env, model):
     pool = question_pool(env, np.arange(B))
     one_prompt = Plan(Allocator("grpo", group_size=M), roots=M, continuations=0)  # one prompt gets every slot

@@ -70,7 +70,10 @@ def write_positions(cache: jax.Array, positions: jax.Array, new: jax.Array) -> j
     new = new.astype(cache.dtype)
 
     def scatter(cache: jax.Array, positions: jax.Array, new: jax.Array) -> jax.Array:
-        return cache.at[jnp.arange(cache.shape[0])[:, None], :, positions].set(new, mode="drop")
+        # per row (vmap): the scatter's row axis is a batching dimension, which a mesh splitting the rows keeps on
+        # each device; indexed by an iota it would all-gather every step's new keys and values across devices
+        write = lambda c, p, n: c.at[:, p].set(jnp.swapaxes(n, 0, 1), mode="drop")  # [kv_heads, cache_len, ...]
+        return jax.vmap(write)(cache, positions, new)
 
     def select(cache: jax.Array, positions: jax.Array, new: jax.Array) -> jax.Array:
         at = jnp.arange(cache.shape[2]) == positions  # [rows, cache_len]

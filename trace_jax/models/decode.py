@@ -13,8 +13,9 @@ from trace_jax.models.qwen3 import ModelOutput, Policy
 
 
 def at_rows(x: jax.Array, index: jax.Array) -> jax.Array:
-    """x [rows, positions, ...] read at one position per row, index [rows] -> [rows, ...]."""
-    return x[jnp.arange(x.shape[0]), index]
+    """x [rows, positions, ...] read at one position per row, index [rows] -> [rows, ...]. Row by row: a batched
+    gather, which a mesh splitting the rows runs on each device (rows indexed by an iota are gathered first)."""
+    return jax.vmap(lambda row, i: row[i])(x, index)
 
 
 @jax.tree_util.register_dataclass

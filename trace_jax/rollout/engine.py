@@ -96,9 +96,10 @@ def forward(model: Policy, ro: Rollout, ids: jax.Array, num_valid: jax.Array) ->
 
 
 def _write(buf: jax.Array, pos: jax.Array, values: jax.Array) -> jax.Array:
-    """buf [S, L]: write values [S, W] at positions pos [S, W] (positions >= L are dropped)."""
-    rows = jnp.arange(buf.shape[0])[:, None]
-    return buf.at[rows, pos].set(values, mode="drop")
+    """buf [S, L, ...]: write values [S, W, ...] at positions pos [S, W] (or one value [S, ...] at pos [S]);
+    positions >= L are dropped. Row by row: a batched scatter, which a mesh splitting the slots runs on each
+    device, where rows indexed by an iota would be all-gathered across the devices first."""
+    return jax.vmap(lambda b, p, v: b.at[p].set(v, mode="drop"))(buf, pos, values)
 
 
 def rows_where(mask: jax.Array, new: Any, old: Any) -> Any:
@@ -142,14 +143,15 @@ def generate_turn(model: Policy, ro: Rollout, *, spec: TurnSpec, sampling: Sampl
         action = action.at[:, k].set(jnp.where(active, tok, 0))
         logits = jnp.where(active[:, None], out.logits[:, 0], ro.logits)
         ro = dataclasses.replace(ro, tree=tree, cache=out.cache, logits=logits, decode_steps=ro.decode_steps + 1,
-                                 live_tokens=ro.live_tokens + active.sum(), fed_positions=fed)
+                                 fed_positions=fed)
         recent = jnp.concatenate([recent[:, 1:], tok[:, None]], axis=1)
         return k + 1, ro, active & ~stops(tok, recent), action, action_len + active, recent
 
     init = (jnp.int32(0), ro, ~ro.tree.done, jnp.zeros((s, spec.action_len), jnp.int32),
             jnp.zeros((s,), jnp.int32), jnp.full((s, window), -1, jnp.int32))  # -1: no token yet this turn
     _, ro, _, action, action_len, _ = jax.lax.while_loop(cond, body, init)
-    return ro, action, action_len
+    # the turn's tokens summed once, not at every step: on a mesh splitting the slots, a sum across the devices
+    return dataclasses.replace(ro, live_tokens=ro.live_tokens + action_len.sum()), action, action_len
 
 
 def append_observation(model: Policy, ro: Rollout, obs: jax.Array, obs_len: jax.Array,
@@ -173,22 +175,20 @@ def append_observation(model: Policy, ro: Rollout, obs: jax.Array, obs_len: jax.
     logits = jnp.where(has_obs[:, None], model.logits_from_hidden(hidden), ro.logits)
     reading = at_rows(out.success, last)
     turn = jnp.where(live, tree.num_turns, tree.max_turns)  # out of range -> dropped
-    rows = jnp.arange(tree.num_slots)
     length = tree.length + obs_len
     tree = dataclasses.replace(
         tree,
         tokens=_write(tree.tokens, pos, obs),
         length=length,
-        boundaries=tree.boundaries.at[rows, turn].set(length, mode="drop"),
-        success=tree.success.at[rows, jnp.where(has_obs, turn + 1, tree.success.shape[1])].set(
-            reading, mode="drop"),
+        boundaries=_write(tree.boundaries, turn, length),
+        success=_write(tree.success, jnp.where(has_obs, turn + 1, tree.success.shape[1]), reading),
         num_turns=tree.num_turns + live,
         done=tree.done | (live & done),
         reward=jnp.where(live & done, reward, tree.reward),
         model_tokens=tree.model_tokens + obs_len,
     )
-    boundary_hidden = ro.boundary_hidden.at[rows, jnp.where(has_obs, turn, ro.boundary_hidden.shape[1])].set(
-        hidden.astype(ro.boundary_hidden.dtype), mode="drop")
+    boundary_hidden = _write(ro.boundary_hidden, jnp.where(has_obs, turn, ro.boundary_hidden.shape[1]),
+                             hidden.astype(ro.boundary_hidden.dtype))
     env_state = ro.env_state if env_state is None else rows_where(live, env_state, ro.env_state)
     return dataclasses.replace(ro, tree=tree, cache=out.cache, logits=logits,
                                boundary_hidden=boundary_hidden, env_state=env_state, fed_positions=fed)

@@ -51,7 +51,7 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: float, top_p:
         order = jnp.argsort(-logp, axis=-1)  # [S, V] token ids, most likely first
         p_sorted = jnp.exp(jnp.take_along_axis(logp, order, axis=-1))
         keep_sorted = jnp.cumsum(p_sorted, axis=-1) - p_sorted < top_p
-        keep = jnp.zeros_like(keep_sorted).at[jnp.arange(logp.shape[0])[:, None], order].set(keep_sorted)
+        keep = jax.vmap(lambda o, k: jnp.zeros_like(k).at[o].set(k))(order, keep_sorted)  # per row: see at_rows
         masked = jnp.where(keep, logp, -jnp.inf)
     tokens = categorical(keys, masked) if draw == "gumbel" else inverse_cdf(keys, masked)
     return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
