@@ -2,6 +2,7 @@
 
 import re
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -18,9 +19,10 @@ from trace_jax.bench.sampler import (
     sampler_vs_transformers,
     tree_fork_vs_reprefill,
 )
+from trace_jax.config import MeshConfig
 from trace_jax.envs.hopworld import HopWorldConfig
 from trace_jax.models import ModelConfig
-from trace_jax.sharding import init_policy
+from trace_jax.sharding import init_policy, make_mesh
 
 
 @pytest.mark.slow  # the counting contract is tested in tests/rollout/test_expand.py; this smoke-runs the bench
@@ -32,11 +34,13 @@ def test_fork_benchmark_counts_and_utilisation():
     assert 0 < r["useful_fork"] < r["useful_reprefill"] and r["useful_fork"] <= r["processed_fork"]
     assert 0 < r["processed_fork"] < r["processed_reprefill"]
     assert 0 < r["utilisation_roots"] <= 1 and 0 < r["utilisation_continuations"] <= 1
-    r = sampler_vs_transformers(init_policy(TINY_POLICY, 0), batch=4, prompt_len=5, steps=6, repeats=2)
-    assert r["transformers"].shape == r["dot"].shape == (2,) and sorted(r["ours"]) == ["gumbel", "inverse_cdf"]
-    for draw in ("gumbel", "inverse_cdf"):
-        assert r["ours"][draw].shape == r["decode"][draw].shape == (2,)
-        assert (r["ours"][draw] > 0).all() and (r["decode"][draw] > r["ours"][draw]).all()
+    mesh = make_mesh(MeshConfig(data=-1), jax.devices()[:2])
+    r = sampler_vs_transformers(init_policy(TINY_POLICY, 0), batch=4, prompt_len=5, steps=6, repeats=2, mesh=mesh)
+    sides = [("gumbel", 1), ("inverse_cdf", 1), ("gumbel", 2)]
+    assert r["transformers"].shape == r["dot"].shape == (2,) and list(r["ours"]) == sides
+    for side in sides:
+        assert r["ours"][side].shape == r["decode"][side].shape == (2,)
+        assert (r["ours"][side] > 0).all() and (r["decode"][side] > r["ours"][side]).all()
     assert (r["transformers"] > 0).all() and (r["dot"] > 0).all()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -71,6 +72,9 @@ def _data_build(args: argparse.Namespace) -> int:
 
 
 def _bench_sampler(args: argparse.Namespace) -> int:
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:  # before JAX starts its CPU backend (a count set wins)
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.host_devices}".strip()
     from trace_jax.bench.sampler import run_sampler_bench
 
     run_sampler_bench(args.checkpoint, args.batch, args.prompt_len, args.steps, args.mid_batch, args.skip_mid,
@@ -365,6 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
     sampler.add_argument("--skip-mid", action="store_true", help="skip the ~135M-parameter mid-size model")
     sampler.add_argument("--repeats", type=_positive_int, default=5,
                          help="timed runs per side, the sides taking turns (median and spread printed)")
+    sampler.add_argument("--host-devices", type=_positive_int, default=os.cpu_count() or 1,
+                         help="CPU devices XLA makes of this host (default: one per core); with more than one, the "
+                              "tokens/s table adds our sampler with its rows split over them, as a mesh splits a "
+                              "training step's slots (an XLA_FLAGS device count set already is kept)")
     sampler.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                          help="weights and compute of both sides of the tokens/s table (transformers loads the same "
                               "rounded weights)")

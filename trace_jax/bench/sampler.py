@@ -20,9 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
+from trace_jax import sharding as shd
 from trace_jax.allocation import Allocator, Plan
-from trace_jax.config import SFTConfig, TrainConfig
+from trace_jax.config import MeshConfig, SFTConfig, TrainConfig
 from trace_jax.envs.hopworld import HopWorldConfig, build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.evaluate import question_pool
@@ -79,23 +81,30 @@ def spread(times: np.ndarray) -> str:
     return f"{np.median(times):.3f} [{times.min():.3f}-{times.max():.3f}]"
 
 
-def sampler_run(model: Policy, batch: int, prompt_len: int, steps: int, seed: int = 0, draw: str = "gumbel"
-                ) -> Callable[[], float]:
+def sampler_run(model: Policy, batch: int, prompt_len: int, steps: int, seed: int = 0, draw: str = "gumbel",
+                mesh: Mesh | None = None) -> Callable[[], float]:
     """One run of our jitted sampler on `batch` rows, as a call: the prompts' prefill (into the root slots) and the
     decode loop of `steps` tokens drawn by `draw` (`sampling.DRAWS`), two calls back to back, with the model split
-    once (`bind`), as a training step holds its parameters (not NNX's walk of the module at every call). Returns the
-    decode loop's seconds."""
+    once (`bind`), as a training step holds its parameters (not NNX's walk of the module at every call). mesh: the
+    rows split over its data axes as a training step splits its slots (`sharding.constrain_rows`; the model
+    replicated), each device decoding its share. Returns the decode loop's seconds."""
     spec = TurnSpec(action_len=steps, obs_len=1, max_turns=1, stop_ids=())  # exactly `steps` tokens
     rng = np.random.default_rng(seed)
     pool = ex.Pool(tokens=jnp.asarray(rng.integers(0, model.cfg.vocab_size, (batch, prompt_len)), jnp.int32),
                    lengths=jnp.full((batch,), prompt_len, jnp.int32), question=jnp.zeros((batch,), jnp.int32))
+    if mesh is not None:
+        graphdef, state = nnx.split(model)
+        model = nnx.merge(graphdef, shd.put_global(state, shd.param_shardings(state, mesh)))
+        pool = jax.tree.map(lambda a: jax.device_put(a, shd.batch_sharding(a.shape, mesh)), pool)
 
     def start(m, pool, key):
-        return ex.start_roots(m, _NullEnv(spec), pool, ex.prefill_pool(m, pool), jnp.arange(batch, dtype=jnp.int32),
-                              jax.random.split(key, batch), pad_id=0)
+        return shd.constrain_rows(ex.start_roots(m, _NullEnv(spec), pool, ex.prefill_pool(m, pool),
+                                                 jnp.arange(batch, dtype=jnp.int32), jax.random.split(key, batch),
+                                                 pad_id=0), mesh)
 
     def decode(m, ro):
-        return generate_turn(m, ro, spec=spec, sampling=SamplingConfig(draw=draw))[0].tree.length
+        ro = generate_turn(m, shd.constrain_rows(ro, mesh), spec=spec, sampling=SamplingConfig(draw=draw))[0]
+        return shd.constrain_rows(ro.tree.length, mesh)
 
     start, decode = jit_with_model(start).bind(model), jit_with_model(decode).bind(model)
     key = jax.random.key(1)
@@ -127,20 +136,38 @@ def transformers_run(model: Policy, batch: int, prompt_len: int, steps: int, see
     return run
 
 
+Side = tuple[str, int]  # (draw, devices) of one of our sampler's sides: the draw and the devices its rows split over
+
+
 def sampler_vs_transformers(model: Policy, batch: int, prompt_len: int, steps: int, repeats: int = 5,
-                            seed: int = 0, draws: tuple[str, ...] = sampling.DRAWS) -> dict[str, dict | np.ndarray]:
-    """Per timed run [repeats]: generated tokens/s of our sampler with each of `draws` (`ours[draw]`: the prompts'
-    prefill and the decode loop; `decode[draw]`: the same tokens over the loop's time alone) and of transformers'
-    `generate` (`transformers`) on the same weights, batch and lengths, and the FLOP/s of `dot_run` at the decode
-    step's shapes (`dot`), all taking turns (`alternate`); `compile[draw]`: our first call's extra seconds."""
+                            seed: int = 0, draws: tuple[str, ...] = sampling.DRAWS, mesh: Mesh | None = None
+                            ) -> dict[str, dict | np.ndarray]:
+    """Per timed run [repeats]: generated tokens/s of our sampler on one device with each of `draws` and, given a
+    mesh, with the default draw and its rows split over the mesh (`ours[side]`, a `Side`: the prompts' prefill and
+    the decode loop; `decode[side]`: the same tokens over the loop's time alone), of transformers' `generate`
+    (`transformers`) on the same weights, batch and lengths, and the FLOP/s of `dot_run` at the decode step's shapes
+    (`dot`), all taking turns (`alternate`); `compile[side]`: our first call's extra seconds."""
     dot, dot_flops = dot_run(batch, model.cfg)
-    t = alternate({**{draw: sampler_run(model, batch, prompt_len, steps, seed, draw) for draw in draws},
-                   "transformers": transformers_run(model, batch, prompt_len, steps, seed), "dot": dot}, repeats)
+    sides: dict[Side, Callable[[], float]] = {(d, 1): sampler_run(model, batch, prompt_len, steps, seed, d)
+                                              for d in draws}
+    if mesh is not None:
+        sides[(draws[0], mesh.size)] = sampler_run(model, batch, prompt_len, steps, seed, draws[0], mesh)
+    t = alternate({**sides, "transformers": transformers_run(model, batch, prompt_len, steps, seed), "dot": dot},
+                  repeats)
     tokens = batch * steps
-    return {"ours": {d: tokens / t[d].times for d in draws}, "decode": {d: tokens / np.asarray(t[d].outputs)
-                                                                        for d in draws},
+    return {"ours": {s: tokens / t[s].times for s in sides}, "decode": {s: tokens / np.asarray(t[s].outputs)
+                                                                        for s in sides},
             "transformers": tokens / t["transformers"].times, "dot": dot_flops / t["dot"].times,
-            "compile": {d: t[d].compile_s for d in draws}}
+            "compile": {s: t[s].compile_s for s in sides}}
+
+
+def host_mesh(batch: int) -> Mesh | None:
+    """A data mesh over this host's CPU devices (`--host-devices`) for the sampler's split side, when there are
+    several and they divide `batch`."""
+    devices = jax.devices()
+    if jax.default_backend() != "cpu" or len(devices) < 2 or batch % len(devices):
+        return None
+    return shd.make_mesh(MeshConfig(data=-1), devices)
 
 
 DRAW_SIDES: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
@@ -359,8 +386,8 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
     sizes = [("hopworld", policy, batch)] + ([] if skip_mid else [("mid-size", init_policy(MID_SIZE, 0), mid_batch)])
     print(f"sampler: {prompt_len}-token prompts, {steps} sampled tokens per row (temperature 1), {dtype}; "
           f"{repeats} timed runs per side after a warm-up, the sides taking turns, median [min-max]")
-    print(f"threads: ours XLA CPU on {os.cpu_count()} cores, transformers torch.get_num_threads()="
-          f"{torch.get_num_threads()}")
+    print(f"threads: ours XLA CPU on {os.cpu_count()} cores ({jax.device_count()} host devices), transformers "
+          f"torch.get_num_threads()={torch.get_num_threads()}")
     print(f"HopWorld-size policy: {which}")
     print("  ours: the prompts' prefill and the decode loop, as transformers' generate, with the model split once "
           "(as a training step holds it); decode: the loop alone (each run times the two apart). GFLOP/s: the decode "
@@ -369,22 +396,25 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
           "the model runs its matmuls (qwen3.matmul: jnp.dot in float32), this machine's matmul limit at a decode "
           "step's shapes, measured in this run")
     print("  draw: how ours draws a token (train.draw): gumbel, the default (the tokens of jax.random.categorical), "
-          "or inverse_cdf (one uniform a row); HF and dot are one measurement per model, taking turns with both")
-    print(f"{'model':>10} {'params':>8} {'batch':>6} {'draw':>12} {'ours tok/s':>22} {'HF tok/s':>22} {'ratio':>6} "
-          f"{'compile s':>10} {'decode tok/s':>22} {'GFLOP/s':>8} {'dot':>7} {'of dot':>7}")
+          "or inverse_cdf (one uniform a row); HF and dot are one measurement per model, taking turns with all sides")
+    print("  devices: 1, XLA:CPU's one device, its ops threaded over the cores; more (--host-devices), the rows split "
+          "over that many host devices as a mesh splits a step's slots (sharding.constrain_rows), each device "
+          "decoding its share, the same tokens")
+    print(f"{'model':>10} {'params':>8} {'batch':>6} {'draw':>12} {'devices':>7} {'ours tok/s':>22} {'HF tok/s':>22} "
+          f"{'ratio':>6} {'compile s':>10} {'decode tok/s':>22} {'GFLOP/s':>8} {'dot':>7} {'of dot':>7}")
     for name, model, b in sizes:
         model = in_dtype(model, dtype)
         params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-        r = sampler_vs_transformers(model, b, prompt_len, steps, repeats)
+        r = sampler_vs_transformers(model, b, prompt_len, steps, repeats, mesh=host_mesh(b))
         theirs, limit = r["transformers"], np.median(r["dot"])
         per_token = decode_flops_per_token(model.cfg, prompt_len + steps // 2)
-        for draw in sampling.DRAWS:
-            ours, decode = r["ours"][draw], r["decode"][draw]
+        for side in r["ours"]:
+            ours, decode = r["ours"][side], r["decode"][side]
             ratio = np.median(ours) / np.median(theirs)
             flops = np.median(decode) * per_token
-            print(f"{name:>10} {params / 1e6:7.1f}M {b:>6} {draw:>12} {_rate(ours):>22} {_rate(theirs):>22} "
-                  f"{ratio:6.2f} {r['compile'][draw]:10.1f} {_rate(decode):>22} {flops / 1e9:8.2f} "
-                  f"{limit / 1e9:7.2f} {100 * flops / limit:6.1f}%")
+            print(f"{name:>10} {params / 1e6:7.1f}M {b:>6} {side[0]:>12} {side[1]:>7} {_rate(ours):>22} "
+                  f"{_rate(theirs):>22} {ratio:6.2f} {r['compile'][side]:10.1f} {_rate(decode):>22} "
+                  f"{flops / 1e9:8.2f} {limit / 1e9:7.2f} {100 * flops / limit:6.1f}%")
 
     print(f"\ndraw: the token draw alone from {batch} rows of float32 logits (temperature 1), per draw, the draws "
           "taking turns: jax.random.categorical (vmapped), ours (gumbel: the same tokens; the default) and inverse_cdf")
