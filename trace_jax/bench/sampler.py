@@ -399,7 +399,7 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
           "or inverse_cdf (one uniform a row); HF and dot are one measurement per model, taking turns with all sides")
     print("  devices: 1, XLA:CPU's one device, its ops threaded over the cores; more (--host-devices), the rows split "
           "over that many host devices as a mesh splits a step's slots (sharding.constrain_rows), each device "
-          "decoding its share, the same tokens")
+          "decoding its share")
     print(f"{'model':>10} {'params':>8} {'batch':>6} {'draw':>12} {'devices':>7} {'ours tok/s':>22} {'HF tok/s':>22} "
           f"{'ratio':>6} {'compile s':>10} {'decode tok/s':>22} {'GFLOP/s':>8} {'dot':>7} {'of dot':>7}")
     for name, model, b in sizes:
