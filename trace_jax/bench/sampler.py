@@ -163,9 +163,13 @@ def sampler_vs_transformers(model: Policy, batch: int, prompt_len: int, steps: i
 
 def host_mesh(batch: int) -> Mesh | None:
     """A data mesh over this host's CPU devices (`--host-devices`) for the sampler's split side, when there are
-    several and they divide `batch`."""
+    several and they divide `batch` (otherwise None, saying why when there are several)."""
     devices = jax.devices()
-    if jax.default_backend() != "cpu" or len(devices) < 2 or batch % len(devices):
+    if jax.default_backend() != "cpu" or len(devices) < 2:
+        return None
+    if batch % len(devices):
+        print(f"  (no split row at batch {batch}: {len(devices)} host devices do not divide it; set --host-devices "
+              "to a divisor)")
         return None
     return shd.make_mesh(MeshConfig(data=-1), devices)
 
