@@ -15,6 +15,7 @@ from trace_jax.bench.sampler import (
     dot_run,
     draws_alone,
     hopworld_policy,
+    host_mesh,
     in_dtype,
     sampler_vs_transformers,
     tree_fork_vs_reprefill,
@@ -43,6 +44,13 @@ def test_fork_benchmark_counts_and_utilisation():
         assert (r["ours"][side] > 0).all() and (r["decode"][side] > r["ours"][side]).all()
     assert (r["transformers"] > 0).all() and (r["dot"] > 0).all()
 
+
+
+def test_the_split_row_needs_host_devices_that_divide_the_batch(capsys):
+    """The bench's split side runs over every host device (8 in the tests) when they divide the batch, and otherwise
+    is left out saying why."""
+    assert host_mesh(16).shape == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert host_mesh(12) is None and "8 host devices do not divide it" in capsys.readouterr().out
 
 def test_sides_take_turns_after_one_untimed_call_each():
     """A comparison's sides alternate, in reverse order every other round, after a first call of each that is not
