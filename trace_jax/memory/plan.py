@@ -200,7 +200,7 @@ def render(plan: MemoryPlan, shape: StepShape) -> str:
             ("optimizer", plan.optimizer_bytes, "Adam's two moments"),
             ("tree", plan.tree_bytes, f"the rollout tree of all {shape.slots} slots"),
             ("kv_cache", plan.kv_cache_bytes,
-             f"rollout: KV caches at their peak (rows running turns, {plan.slots} slots)"),
+             f"rollout: KV caches at their peak (rows running turns or forking, {plan.slots} slots)"),
             ("rollout", plan.rollout_bytes, "rollout: KV caches + forward temporaries"),
             ("activation", plan.activation_bytes, "loss: residuals, float32 [rows, L, V] head, gradients"),
             ("total", plan.total_bytes, "params + optimizer + tree + max(rollout, activation)")]
