@@ -45,12 +45,12 @@ def test_fork_benchmark_counts_and_utilisation():
     assert (r["transformers"] > 0).all() and (r["dot"] > 0).all()
 
 
-
 def test_the_split_row_needs_host_devices_that_divide_the_batch(capsys):
     """The bench's split side runs over every host device (8 in the tests) when they divide the batch, and otherwise
     is left out saying why."""
     assert host_mesh(16).shape == {"data": 8, "fsdp": 1, "tensor": 1}
     assert host_mesh(12) is None and "8 host devices do not divide it" in capsys.readouterr().out
+
 
 def test_sides_take_turns_after_one_untimed_call_each():
     """A comparison's sides alternate, in reverse order every other round, after a first call of each that is not

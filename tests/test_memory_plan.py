@@ -112,7 +112,6 @@ def test_planner_within_20_percent_of_xla(cfg, rollout_only, term):
         assert planned(without, rollout_only) / got < 1 - BAND
 
 
-
 @pytest.mark.parametrize("mesh", [(8, 1, 1), (2, 2, 2)])
 def test_planner_counts_the_roots_cache_a_fork_gathers_on_a_mesh(mesh):
     """With the rows split over the batch axes, a fork's copy of its prefix rows gathers the roots' whole cache onto
@@ -128,6 +127,7 @@ def test_planner_counts_the_roots_cache_a_fork_gathers_on_a_mesh(mesh):
     assert gathered == kv_bytes(shape.model, shape.roots, shape.slot_len, Sizer((1, 1, mesh[2])))
     without = dict(terms, rollout_bytes=terms["rollout_bytes"] - gathered)
     assert planned(without, True) / got < 1 - BAND
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh", [(8, 1, 1), (2, 2, 1), (4, 1, 2)])

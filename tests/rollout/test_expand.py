@@ -243,9 +243,7 @@ def test_a_sharded_episode_exchanges_only_scalars(env, sampling):
     """
     mesh = shd.make_mesh(MeshConfig(data=-1, fsdp=1, tensor=1), jax.devices()[:4])
     model = init_policy(TINY_POLICY, seed=0, mesh=mesh)
-    pool = question_pool(env, np.arange(B))
-    pool = ex.Pool(*(jax.device_put(a, shd.batch_sharding(a.shape, mesh)) for a in (pool.tokens, pool.lengths,
-                                                                                      pool.question)))
+    pool = shd.rows_on(question_pool(env, np.arange(B)), mesh)
 
     def episode(m, pool, key):
         ro = ex.start_roots(m, env, pool, ex.prefill_pool(m, pool), jnp.arange(M, dtype=jnp.int32) % B,

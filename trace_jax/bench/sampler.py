@@ -36,6 +36,7 @@ from trace_jax.rollout import expand as ex
 from trace_jax.rollout import refill, sampling
 from trace_jax.rollout.engine import SamplingConfig, TurnSpec, generate_turn, max_len, run_turns
 from trace_jax.sharding import init_policy
+from trace_jax.train.loop import placed
 from trace_jax.train.packing import prompt_sizes
 from trace_jax.train.step import StepSpec, tree_grads
 
@@ -93,9 +94,7 @@ def sampler_run(model: Policy, batch: int, prompt_len: int, steps: int, seed: in
     pool = ex.Pool(tokens=jnp.asarray(rng.integers(0, model.cfg.vocab_size, (batch, prompt_len)), jnp.int32),
                    lengths=jnp.full((batch,), prompt_len, jnp.int32), question=jnp.zeros((batch,), jnp.int32))
     if mesh is not None:
-        graphdef, state = nnx.split(model)
-        model = nnx.merge(graphdef, shd.put_global(state, shd.param_shardings(state, mesh)))
-        pool = jax.tree.map(lambda a: jax.device_put(a, shd.batch_sharding(a.shape, mesh)), pool)
+        model, pool = nnx.merge(*placed(model, mesh)), shd.rows_on(pool, mesh)
 
     def start(m, pool, key):
         return shd.constrain_rows(ex.start_roots(m, _NullEnv(spec), pool, ex.prefill_pool(m, pool),

@@ -190,7 +190,8 @@ def step_bytes(shape: StepShape, slots: int, mesh: Sequence[int]) -> dict[str, f
     # Stage 1 prefills the pool (a chunk: its roots' prompts, `rollout.chunks.start_chunk`) and copies each root's
     # prompt rows into the roots' cache; with the rows split, the prefilled cache is gathered onto each chip first.
     prefilled = shape.pool if slots >= shape.slots else roots
-    stage1 = (kv_bytes(m, prefilled, shape.prompt_width, size) + kv_bytes(m, roots, length, size)
+    roots_cache = kv_bytes(m, roots, length, size)
+    stage1 = (kv_bytes(m, prefilled, shape.prompt_width, size) + roots_cache
               + gather_bytes(m, prefilled, shape.prompt_width, size))
     stage1_temps = forward_temps(m, prefilled, shape.prompt_width, shape.prompt_width, size)
     # The rows running turns: the roots, then their continuations. A fork copies the roots' cache into the
@@ -198,7 +199,7 @@ def step_bytes(shape: StepShape, slots: int, mesh: Sequence[int]) -> dict[str, f
     # the batch axes, the roots' whole cache is gathered onto each chip first, beside the roots' own rows, between
     # the two phases' forwards.
     turns = kv_bytes(m, turn_rows, length, size)
-    fork = kv_bytes(m, roots, length, size) + gather_bytes(m, roots, length, size) if shape.continuations else 0.0
+    fork = roots_cache + gather_bytes(m, roots, length, size) if shape.continuations else 0.0
     turn_temps = forward_temps(m, turn_rows, shape.obs_len, length, size)
     tree = (size((shape.slots, length), ("batch", "seq"), 4 + 1 + 4)
             + size((shape.slots, shape.max_turns, m.hidden_size), ("batch", None, None), _itemsize(m.dtype)))
