@@ -128,7 +128,10 @@ class Attention(nnx.Module):
 
     def _out(self, out: jax.Array) -> jax.Array:
         """[rows, positions, heads, head_dim] attention outputs -> [rows, positions, hidden]."""
-        y = matmul("btnh,nhd->btd", out, self.o_proj[...])
+        b, t, n, h = out.shape
+        # heads and head_dim as one contracted axis, in the weight's own order: contracted as two, XLA:CPU copies
+        # the weight into [head_dim, heads, hidden] at every decode step (4 MB a layer at 134M)
+        y = matmul("btf,fd->btd", out.reshape(b, t, n * h), self.o_proj[...].reshape(n * h, -1))
         return y + self.o_bias[...].astype(out.dtype) if self.cfg.attention_bias else y
 
     def _paged(self, x: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, paged: Paged) -> jax.Array:
