@@ -1,11 +1,13 @@
 """A decode step reads the weights where they lie: XLA:CPU copies or transposes no weight matrix at a step (a copy
 of every layer's output projection cost 2-3% of a 134M decode step, docs/measurements/sampler.md)."""
 
+import dataclasses
 import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from trace_jax.models.cache import KVCache
@@ -21,19 +23,21 @@ ROWS, LENGTH = 3, 11
 
 
 def _moved_sizes(hlo: str) -> set[int]:
-    """The element counts of every float32 array a copy or transpose in the compiled module makes."""
-    shapes = re.findall(r"= f32\[([\d,]*)\]\S* (?:copy|transpose)\(", hlo)
+    """The element counts of every float array a copy or transpose in the compiled module makes."""
+    shapes = re.findall(r"= (?:f32|bf16)\[([\d,]*)\]\S* (?:copy|transpose)\(", hlo)
     return {int(np.prod([int(d) for d in s.split(",") if d])) for s in shapes}
 
 
-def test_a_decode_step_copies_no_weight():
-    model = Policy(CFG, nnx.Rngs(0))
+@pytest.mark.parametrize("tied, dtype", [(True, "float32"), (False, "float32"), (True, "bfloat16")])
+def test_a_decode_step_copies_no_weight(tied, dtype):
+    cfg = dataclasses.replace(CFG, tie_word_embeddings=tied, dtype=dtype, param_dtype=dtype)
+    model = Policy(cfg, nnx.Rngs(0))
     weights = {int(np.prod(p.shape)) for p in jax.tree.leaves(nnx.state(model, nnx.Param)) if p.ndim >= 2}
-    cache = KVCache.init(CFG, ROWS, LENGTH)
+    cache = KVCache.init(cfg, ROWS, LENGTH)
     hlo = jit_with_model(decode_step).lower(model, jnp.zeros((ROWS,), jnp.int32), cache).compile().as_text()
     assert not _moved_sizes(hlo) & weights
     # the output projection contracted over heads and head_dim as two axes is copied here, so the check can fail
     o_proj = list(model.layers)[0].self_attn.o_proj[...]
-    out = jnp.zeros((ROWS, 1, CFG.num_heads, CFG.head_dim))
+    out = jnp.zeros((ROWS, 1, cfg.num_heads, cfg.head_dim), cfg.jnp_dtype)
     two_axes = jax.jit(lambda o, w: matmul("btnh,nhd->btd", o, w)).lower(out, o_proj).compile().as_text()
     assert o_proj.size in _moved_sizes(two_axes)
