@@ -18,6 +18,13 @@ def at_rows(x: jax.Array, index: jax.Array) -> jax.Array:
     return jax.vmap(lambda row, i: row[i])(x, index)
 
 
+def write_at_rows(x: jax.Array, index: jax.Array, values: jax.Array) -> jax.Array:
+    """x [rows, positions, ...] with values [rows, W, ...] written at index [rows, W] (or one value [rows, ...] at
+    index [rows]); indices >= positions are dropped. Row by row, as `at_rows` reads: a batched scatter, which a mesh
+    splitting the rows runs on each device, where rows indexed by an iota would be all-gathered first."""
+    return jax.vmap(lambda row, i, v: row.at[i].set(v, mode="drop"))(x, index, values)
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Prefill:

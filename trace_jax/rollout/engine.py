@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 
 from trace_jax.envs.base import HostEnv, JaxEnv
 from trace_jax.models.cache import KVCache
-from trace_jax.models.decode import at_rows
+from trace_jax.models.decode import at_rows, write_at_rows
 from trace_jax.models.jit import jit_with_model
 from trace_jax.models.qwen3 import ModelOutput, Policy
 from trace_jax.rollout.sampling import DRAWS, sample_tokens
@@ -95,13 +95,6 @@ def forward(model: Policy, ro: Rollout, ids: jax.Array, num_valid: jax.Array) ->
     return model(ids, cache=ro.cache, num_valid=num_valid), ro.fed_positions + ids.size
 
 
-def _write(buf: jax.Array, pos: jax.Array, values: jax.Array) -> jax.Array:
-    """buf [S, L, ...]: write values [S, W, ...] at positions pos [S, W] (or one value [S, ...] at pos [S]);
-    positions >= L are dropped. Row by row: a batched scatter, which a mesh splitting the slots runs on each
-    device, where rows indexed by an iota would be all-gathered across the devices first."""
-    return jax.vmap(lambda b, p, v: b.at[p].set(v, mode="drop"))(buf, pos, values)
-
-
 def rows_where(mask: jax.Array, new: Any, old: Any) -> Any:
     """Per-row select over pytrees whose leaves lead with the slot axis."""
     return jax.tree.map(lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
@@ -134,9 +127,9 @@ def generate_turn(model: Policy, ro: Rollout, *, spec: TurnSpec, sampling: Sampl
         out, fed = forward(model, ro, tok[:, None], active.astype(jnp.int32))
         tree = dataclasses.replace(
             tree,
-            tokens=_write(tree.tokens, pos, tok[:, None]),
-            policy_mask=_write(tree.policy_mask, pos, jnp.ones((s, 1), bool)),
-            logprobs=_write(tree.logprobs, pos, logp[:, None]),
+            tokens=write_at_rows(tree.tokens, pos, tok[:, None]),
+            policy_mask=write_at_rows(tree.policy_mask, pos, jnp.ones((s, 1), bool)),
+            logprobs=write_at_rows(tree.logprobs, pos, logp[:, None]),
             length=tree.length + active,
             model_tokens=tree.model_tokens + active,
         )
@@ -178,16 +171,16 @@ def append_observation(model: Policy, ro: Rollout, obs: jax.Array, obs_len: jax.
     length = tree.length + obs_len
     tree = dataclasses.replace(
         tree,
-        tokens=_write(tree.tokens, pos, obs),
+        tokens=write_at_rows(tree.tokens, pos, obs),
         length=length,
-        boundaries=_write(tree.boundaries, turn, length),
-        success=_write(tree.success, jnp.where(has_obs, turn + 1, tree.success.shape[1]), reading),
+        boundaries=write_at_rows(tree.boundaries, turn, length),
+        success=write_at_rows(tree.success, jnp.where(has_obs, turn + 1, tree.success.shape[1]), reading),
         num_turns=tree.num_turns + live,
         done=tree.done | (live & done),
         reward=jnp.where(live & done, reward, tree.reward),
         model_tokens=tree.model_tokens + obs_len,
     )
-    boundary_hidden = _write(ro.boundary_hidden, jnp.where(has_obs, turn, ro.boundary_hidden.shape[1]),
+    boundary_hidden = write_at_rows(ro.boundary_hidden, jnp.where(has_obs, turn, ro.boundary_hidden.shape[1]),
                              hidden.astype(ro.boundary_hidden.dtype))
     env_state = ro.env_state if env_state is None else rows_where(live, env_state, ro.env_state)
     return dataclasses.replace(ro, tree=tree, cache=out.cache, logits=logits,

@@ -10,6 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from trace_jax.models.decode import write_at_rows
+
 
 def policy_logprobs(logits: jax.Array, temperature: float = 1.0) -> jax.Array:
     """log softmax(logits / temperature) over the last axis, in float32.
@@ -51,7 +53,7 @@ def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: float, top_p:
         order = jnp.argsort(-logp, axis=-1)  # [S, V] token ids, most likely first
         p_sorted = jnp.exp(jnp.take_along_axis(logp, order, axis=-1))
         keep_sorted = jnp.cumsum(p_sorted, axis=-1) - p_sorted < top_p
-        keep = jax.vmap(lambda o, k: jnp.zeros_like(k).at[o].set(k))(order, keep_sorted)  # per row: see at_rows
+        keep = write_at_rows(jnp.zeros_like(keep_sorted), order, keep_sorted)  # each token's keep, in id order
         masked = jnp.where(keep, logp, -jnp.inf)
     tokens = categorical(keys, masked) if draw == "gumbel" else inverse_cdf(keys, masked)
     return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
