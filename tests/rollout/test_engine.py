@@ -10,8 +10,9 @@ from toy import TINY_POLICY, tiny_env
 from trace_jax.envs.hopworld import HopWorldConfig, protocol, reference
 from trace_jax.evaluate import question_pool
 from trace_jax.models import ModelConfig
+from trace_jax.models.decode import prefill
 from trace_jax.rollout import expand as ex
-from trace_jax.rollout.engine import SamplingConfig, append_observation
+from trace_jax.rollout.engine import SamplingConfig, TurnSpec, append_observation, generate_turn
 from trace_jax.rollout.expand import rollout_prompts
 from trace_jax.rollout.sampling import _first_argmax, categorical, sample_tokens, token_logprobs
 from trace_jax.sharding import init_policy
@@ -76,6 +77,41 @@ def test_same_key_same_rollout_and_logprobs_match_the_model(setup):
     target = token_logprobs(logits[:, :-1], jnp.asarray(tree.tokens[:, 1:]))
     mask = tree.policy_mask[:, 1:]
     np.testing.assert_allclose(np.asarray(target)[mask], tree.logprobs[:, 1:][mask], atol=2e-4)
+
+
+def test_a_turn_leaves_its_last_token_to_the_observation_forward(setup):
+    """A turn of A tokens takes A - 1 decode steps (the draws of a turn's first token and its last need none); the
+    observation's forward feeds the last one first. After it every slot's cache holds its whole tree, key for key as
+    a fresh prefill of its tokens, and its next logits are read at its last token: the observation's last, or the
+    action's last where a slot got no observation (a continuing slot with obs_len 0)."""
+    env, model, questions, _ = setup
+    rows, action_len = 4, 5
+    pool = question_pool(env, questions[:rows])
+    ro = ex.start_roots(model, env, pool, ex.prefill_pool(model, pool), jnp.arange(rows, dtype=jnp.int32),
+                        jax.random.split(jax.random.key(5), rows), pad_id=protocol.PAD)
+    spec = TurnSpec(action_len=action_len, obs_len=env.obs_len, max_turns=env.max_turns, stop_ids=())
+    turn = jax.jit(lambda ro: generate_turn(model, ro, spec=spec, sampling=SamplingConfig()))
+    after, _, action_len_of = turn(ro)
+    np.testing.assert_array_equal(action_len_of, action_len)
+    assert int(after.fed_positions - ro.fed_positions) == rows * (action_len - 1)  # one-token forwards
+    assert int(after.decode_steps) == action_len  # the loop's iterations: one a draw
+    np.testing.assert_array_equal(after.cache.lengths, after.tree.length - 1)
+    assert after.pending.all()
+
+    obs_len = jnp.asarray([3, 0, env.obs_len, 1], jnp.int32)
+    obs = jnp.asarray(np.random.default_rng(0).integers(4, 40, (rows, env.obs_len)), jnp.int32)
+    no = jnp.zeros((rows,), bool)
+    closed = jax.jit(lambda ro, *a: append_observation(model, ro, *a))(after, obs, obs_len, no.astype(jnp.float32), no)
+    tree = jax.device_get(closed.tree)
+    np.testing.assert_array_equal(closed.cache.lengths, tree.length)
+    assert not closed.pending.any()
+    fresh = prefill(model, jnp.asarray(tree.tokens), jnp.asarray(tree.length), tree.max_len)
+    for s in range(rows):
+        n = int(tree.length[s])
+        for got, want in zip(closed.cache.k + closed.cache.v, fresh.cache.k + fresh.cache.v):
+            np.testing.assert_allclose(got[s, :, :n], want[s, :, :n], atol=1e-5)
+    np.testing.assert_allclose(closed.logits, fresh.logits, atol=1e-5)  # at each row's last token
+    assert (np.abs(np.asarray(fresh.logits[1] - fresh.logits[0])) > 1e-3).any()  # rows differ: a check that bites
 
 
 def test_top_p_keeps_only_the_nucleus():

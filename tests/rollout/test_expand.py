@@ -120,8 +120,9 @@ def test_fed_positions_are_what_the_model_is_fed_and_forks_feed_no_prefix(env, m
     jax.effects_barrier()
     calls = list(RecordingPolicy.calls)
     assert sum(r * w for r, w in calls) == int(cont.fed_positions) > 0
-    # forks feed one token per decode step and observation chunks, never a prefix
-    assert {w for _, w in calls} <= {1, env.obs_len} and all(r == M for r, _ in calls)
+    # forks feed one token per decode step and observation chunks (a turn's last token and its observation),
+    # never a prefix
+    assert {w for _, w in calls} <= {1, env.obs_len + 1} and all(r == M for r, _ in calls)
     RecordingPolicy.calls.clear()
     fresh_phase(recording, env, roots, parent, turn, keys)
     jax.effects_barrier()

@@ -394,8 +394,9 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
     print(f"HopWorld-size policy: {which}")
     print("  ours: the prompts' prefill and the decode loop, as transformers' generate, with the model split once "
           "(as a training step holds it); decode: the loop alone (each run times the two apart). GFLOP/s: the decode "
-          "loop at the useful FLOPs of a token (projections, output "
-          "head, attention over the tokens before it); dot: a jitted matmul [batch, hidden] x [hidden, MLP width] as "
+          f"loop at the useful FLOPs of the tokens it feeds, {steps - 1} a row (a turn's last token waits for the "
+          "observation's forward, as generate never feeds its last): projections, output "
+          "head, attention over the tokens before it; dot: a jitted matmul [batch, hidden] x [hidden, MLP width] as "
           "the model runs its matmuls (qwen3.matmul: jnp.dot in float32), this machine's matmul limit at a decode "
           "step's shapes, measured in this run")
     print("  draw: how ours draws a token (train.draw): gumbel, the default (the tokens of jax.random.categorical), "
@@ -414,7 +415,7 @@ def run_sampler_bench(checkpoint: str | None, batch: int, prompt_len: int, steps
         for side in r["ours"]:
             ours, decode = r["ours"][side], r["decode"][side]
             ratio = np.median(ours) / np.median(theirs)
-            flops = np.median(decode) * per_token
+            flops = np.median(decode) * (steps - 1) / steps * per_token  # fed tokens/s x FLOPs of each
             print(f"{name:>10} {params / 1e6:7.1f}M {b:>6} {side[0]:>12} {side[1]:>7} {_rate(ours):>22} "
                   f"{_rate(theirs):>22} {ratio:6.2f} {r['compile'][side]:10.1f} {_rate(decode):>22} "
                   f"{flops / 1e9:8.2f} {limit / 1e9:7.2f} {100 * flops / limit:6.1f}%")

@@ -88,6 +88,17 @@ class Rollout:
     live_tokens: jax.Array  # [] int32 tokens those iterations generated (utilisation = live / (S x steps))
     fed_positions: jax.Array  # [] int32 rows x positions of every forward since the prefill, padding included
 
+    @property
+    def pending(self) -> jax.Array:
+        """[S] whether the slot's last token is not yet in its cache: a turn leaves its last token to the
+        observation's forward (`generate_turn`), so the cache is one position behind the tree until then."""
+        return self.tree.length > self.cache.lengths
+
+    @property
+    def pending_token(self) -> jax.Array:
+        """[S] int32 the token at each slot's cache length: its pending token where it has one."""
+        return at_rows(self.tree.tokens, jnp.minimum(self.cache.lengths, self.tree.max_len - 1))
+
 
 def forward(model: Policy, ro: Rollout, ids: jax.Array, num_valid: jax.Array) -> tuple[ModelOutput, jax.Array]:
     """The engine's only model call on a rollout: ids [S, W] into the cache at each slot's position.
@@ -100,10 +111,24 @@ def rows_where(mask: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
 
 
+def feed_pending(model: Policy, ro: Rollout) -> Rollout:
+    """Each slot's sampled token not yet in its cache (`Rollout.pending`) through the model: one decode step, the
+    slots' next logits from it."""
+    pending = ro.pending
+    out, fed = forward(model, ro, ro.pending_token[:, None], pending.astype(jnp.int32))
+    return dataclasses.replace(ro, cache=out.cache, logits=jnp.where(pending[:, None], out.logits[:, 0], ro.logits),
+                               fed_positions=fed)
+
+
 def generate_turn(model: Policy, ro: Rollout, *, spec: TurnSpec, sampling: SamplingConfig
                   ) -> tuple[Rollout, jax.Array, jax.Array]:
     """Decode one turn for every live slot (until a stop, see `TurnSpec`). Returns (rollout, action [S, A],
-    action_len [S])."""
+    action_len [S]).
+
+    A draw takes each slot's next logits; a decode step feeds the drawn token to get the next ones. The turn's last
+    token is left out of the cache (`Rollout.pending`): the observation's forward feeds it (`append_observation`),
+    so a turn of k tokens costs k - 1 decode steps, as transformers' `generate` of k new tokens does. `ro` holds
+    every token in its cache (`start_roots`, `fork`, `append_observation` leave it so)."""
     s, stop_ids = ro.tree.num_slots, jnp.asarray(spec.stop_ids)
     window = max((len(q) for q in spec.stop_sequences), default=1)
 
@@ -114,17 +139,14 @@ def generate_turn(model: Policy, ro: Rollout, *, spec: TurnSpec, sampling: Sampl
             stop |= (recent[:, window - len(seq):] == jnp.asarray(seq, jnp.int32)).all(1)
         return stop
 
-    def cond(carry):
-        k, _, active, _, _, _ = carry
-        return (k < spec.action_len) & active.any()
-
-    def body(carry):
+    def draw(carry, steps: jax.Array):
+        """The active slots' k-th token of the turn, drawn from their next logits and written to the tree; `steps`
+        (0 or 1) added to the decode loop's iterations."""
         k, ro, active, action, action_len, recent = carry
         tree = ro.tree
         keys = jax.vmap(jax.random.fold_in)(ro.keys, tree.length)
         tok, logp = sample_tokens(ro.logits, keys, sampling.temperature, sampling.top_p, sampling.draw)
         pos = jnp.where(active, tree.length, tree.max_len)[:, None]
-        out, fed = forward(model, ro, tok[:, None], active.astype(jnp.int32))
         tree = dataclasses.replace(
             tree,
             tokens=write_at_rows(tree.tokens, pos, tok[:, None]),
@@ -134,15 +156,23 @@ def generate_turn(model: Policy, ro: Rollout, *, spec: TurnSpec, sampling: Sampl
             model_tokens=tree.model_tokens + active,
         )
         action = action.at[:, k].set(jnp.where(active, tok, 0))
-        logits = jnp.where(active[:, None], out.logits[:, 0], ro.logits)
-        ro = dataclasses.replace(ro, tree=tree, cache=out.cache, logits=logits, decode_steps=ro.decode_steps + 1,
-                                 fed_positions=fed)
+        ro = dataclasses.replace(ro, tree=tree, decode_steps=ro.decode_steps + steps)
         recent = jnp.concatenate([recent[:, 1:], tok[:, None]], axis=1)
         return k + 1, ro, active & ~stops(tok, recent), action, action_len + active, recent
 
-    init = (jnp.int32(0), ro, ~ro.tree.done, jnp.zeros((s, spec.action_len), jnp.int32),
+    def cond(carry):
+        k, _, active, _, _, _ = carry
+        return (k < spec.action_len) & active.any()
+
+    def body(carry):
+        k, ro, *rest = carry
+        return draw((k, feed_pending(model, ro), *rest), jnp.int32(1))  # `cond` found a slot active
+
+    live = ~ro.tree.done
+    init = (jnp.int32(0), ro, live, jnp.zeros((s, spec.action_len), jnp.int32),
             jnp.zeros((s,), jnp.int32), jnp.full((s, window), -1, jnp.int32))  # -1: no token yet this turn
-    _, ro, _, action, action_len, _ = jax.lax.while_loop(cond, body, init)
+    first = draw(init, live.any().astype(jnp.int32))  # a turn's first token needs no decode step
+    _, ro, _, action, action_len, _ = jax.lax.while_loop(cond, body, first)
     # the turn's tokens summed once, not at every step: on a mesh splitting the slots, a sum across the devices
     return dataclasses.replace(ro, live_tokens=ro.live_tokens + action_len.sum()), action, action_len
 
@@ -151,8 +181,9 @@ def append_observation(model: Policy, ro: Rollout, obs: jax.Array, obs_len: jax.
                        reward: jax.Array, done: jax.Array, env_state: Any = None) -> Rollout:
     """Close the current turn of every live slot with its observation obs [S, O] (obs_len [S]).
 
-    The observation goes through the model in one chunked forward; the turn boundary, the V~
-    reading and the final hidden state at its end are recorded. `done`/`reward` [S] end episodes.
+    The turn's last token (`Rollout.pending`) and the observation go through the model in one chunked forward;
+    the turn boundary, the V~ reading and the final hidden state at its end are recorded. `done`/`reward` [S] end
+    episodes.
     """
     tree = ro.tree
     live = ~tree.done
@@ -160,12 +191,16 @@ def append_observation(model: Policy, ro: Rollout, obs: jax.Array, obs_len: jax.
     width = obs.shape[1]
     pos = jnp.where(jnp.arange(width) < obs_len[:, None], tree.length[:, None] + jnp.arange(width),
                     tree.max_len)
-    out, fed = forward(model, ro, obs, obs_len)
-    last = jnp.maximum(obs_len - 1, 0)
-    has_obs = obs_len > 0
+    pending = ro.pending
+    ids = jnp.where(pending[:, None], jnp.concatenate([ro.pending_token[:, None], obs], axis=1),
+                    jnp.pad(obs, ((0, 0), (0, 1))))  # [S, O + 1] each slot's pending token, then its observation
+    fed_len = pending + obs_len
+    out, fed = forward(model, ro, ids, fed_len)
+    last = jnp.maximum(fed_len - 1, 0)  # the last observation token, or the pending one where there is none
     hidden = at_rows(out.hidden, last)  # [S, D]
-    # the head at each slot's last observation token only (the chunk's other logits are dead code)
-    logits = jnp.where(has_obs[:, None], model.logits_from_hidden(hidden), ro.logits)
+    has_obs = obs_len > 0
+    # the head at each slot's last fed token only (the chunk's other logits are dead code)
+    logits = jnp.where((fed_len > 0)[:, None], model.logits_from_hidden(hidden), ro.logits)
     reading = at_rows(out.success, last)
     turn = jnp.where(live, tree.num_turns, tree.max_turns)  # out of range -> dropped
     length = tree.length + obs_len
