@@ -111,13 +111,24 @@ def rows_where(mask: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(lambda a, b: jnp.where(mask.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), new, old)
 
 
+def forward_pending(model: Policy, ro: Rollout, ids: jax.Array, num_valid: jax.Array
+                    ) -> tuple[ModelOutput, jax.Array, jax.Array]:
+    """`forward` of each slot's pending token (`Rollout.pending`), then its ids [S, W] (num_valid [S] real):
+    (output [S, W + 1], fed_positions, fed [S] the positions each slot fed)."""
+    pending = ro.pending
+    chunk = jnp.where(pending[:, None], jnp.concatenate([ro.pending_token[:, None], ids], axis=1),
+                      jnp.pad(ids, ((0, 0), (0, 1))))  # [S, W + 1] the pending token first, where there is one
+    fed = pending + num_valid
+    return *forward(model, ro, chunk, fed), fed
+
+
 def feed_pending(model: Policy, ro: Rollout) -> Rollout:
     """Each slot's sampled token not yet in its cache (`Rollout.pending`) through the model: one decode step, the
     slots' next logits from it."""
-    pending = ro.pending
-    out, fed = forward(model, ro, ro.pending_token[:, None], pending.astype(jnp.int32))
-    return dataclasses.replace(ro, cache=out.cache, logits=jnp.where(pending[:, None], out.logits[:, 0], ro.logits),
-                               fed_positions=fed)
+    s = ro.tree.num_slots
+    out, fed_positions, fed = forward_pending(model, ro, jnp.zeros((s, 0), jnp.int32), jnp.zeros((s,), jnp.int32))
+    return dataclasses.replace(ro, cache=out.cache, logits=jnp.where(fed[:, None] > 0, out.logits[:, 0], ro.logits),
+                               fed_positions=fed_positions)
 
 
 def generate_turn(model: Policy, ro: Rollout, *, spec: TurnSpec, sampling: SamplingConfig
@@ -191,16 +202,12 @@ def append_observation(model: Policy, ro: Rollout, obs: jax.Array, obs_len: jax.
     width = obs.shape[1]
     pos = jnp.where(jnp.arange(width) < obs_len[:, None], tree.length[:, None] + jnp.arange(width),
                     tree.max_len)
-    pending = ro.pending
-    ids = jnp.where(pending[:, None], jnp.concatenate([ro.pending_token[:, None], obs], axis=1),
-                    jnp.pad(obs, ((0, 0), (0, 1))))  # [S, O + 1] each slot's pending token, then its observation
-    fed_len = pending + obs_len
-    out, fed = forward(model, ro, ids, fed_len)
-    last = jnp.maximum(fed_len - 1, 0)  # the last observation token, or the pending one where there is none
+    out, fed_positions, fed = forward_pending(model, ro, obs, obs_len)  # [S, O + 1]
+    last = jnp.maximum(fed - 1, 0)  # the last observation token, or the pending one where there is none
     hidden = at_rows(out.hidden, last)  # [S, D]
     has_obs = obs_len > 0
     # the head at each slot's last fed token only (the chunk's other logits are dead code)
-    logits = jnp.where((fed_len > 0)[:, None], model.logits_from_hidden(hidden), ro.logits)
+    logits = jnp.where((fed > 0)[:, None], model.logits_from_hidden(hidden), ro.logits)
     reading = at_rows(out.success, last)
     turn = jnp.where(live, tree.num_turns, tree.max_turns)  # out of range -> dropped
     length = tree.length + obs_len
@@ -219,7 +226,7 @@ def append_observation(model: Policy, ro: Rollout, obs: jax.Array, obs_len: jax.
                              hidden.astype(ro.boundary_hidden.dtype))
     env_state = ro.env_state if env_state is None else rows_where(live, env_state, ro.env_state)
     return dataclasses.replace(ro, tree=tree, cache=out.cache, logits=logits,
-                               boundary_hidden=boundary_hidden, env_state=env_state, fed_positions=fed)
+                               boundary_hidden=boundary_hidden, env_state=env_state, fed_positions=fed_positions)
 
 
 def play_turn(model: Policy, env: JaxEnv, ro: Rollout, *, sampling: SamplingConfig) -> Rollout:
