@@ -44,7 +44,7 @@ class StepShape:
     largest_group: int  # the most root rollouts one prompt can get (G, or TRACE's max_roots_per_prompt, or M)
     max_turns: int  # T
     slot_len: int  # L = P + T * (A + O)
-    obs_len: int  # O tokens fed per observation
+    obs_len: int  # O tokens of an observation (its forward feeds O + 1: the turn's last token first)
     reference: bool  # a frozen reference copy of the policy (kl_coef > 0)
     remat: bool = False  # the loss forward through `Policy.remat_layers` (train.remat)
 
@@ -200,7 +200,7 @@ def step_bytes(shape: StepShape, slots: int, mesh: Sequence[int]) -> dict[str, f
     # the two phases' forwards.
     turns = kv_bytes(m, turn_rows, length, size)
     fork = roots_cache + gather_bytes(m, roots, length, size) if shape.continuations else 0.0
-    turn_temps = forward_temps(m, turn_rows, shape.obs_len, length, size)
+    turn_temps = forward_temps(m, turn_rows, shape.obs_len + 1, length, size)  # `engine.append_observation`
     tree = (size((shape.slots, length), ("batch", "seq"), 4 + 1 + 4)
             + size((shape.slots, shape.max_turns, m.hidden_size), ("batch", None, None), _itemsize(m.dtype)))
     return {"params_bytes": policy * (2 if shape.reference else 1), "optimizer_bytes": 2 * policy,
