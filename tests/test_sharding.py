@@ -120,30 +120,3 @@ def test_process_rows_read_from_own_shards_and_back():
     back = shd.from_process_rows(shd.to_process_rows(placed, rows), rows, 8, sharding)
     assert back.sharding == sharding
     np.testing.assert_array_equal(np.asarray(back), x)
-
-
-@pytest.mark.parametrize("axes, source, taken", [((8, 1, 1), 8, 16), ((2, 2, 2), 16, 32), ((4, 1, 2), 8, 8)])
-def test_take_rows_copies_rows_around_the_ring_without_gathering_the_source(axes, source, taken):
-    """`take_rows` on a mesh splitting the rows gives `jnp.take`'s rows (repeats, every owner, rows a device keeps
-    and rows from each other device) with the source never whole on a device: the compiled program passes shards
-    around the batch axes' ring (collective permutes) and all-gathers nothing. Whichever way the ring turns or a
-    shard is indexed wrong, some row comes from the wrong device."""
-    mesh = shd.make_mesh(MeshConfig(*axes))
-    cache = KVCache.init(CFG, batch=source, max_len=8)
-    keys = jax.random.split(jax.random.key(0), 2 * len(cache.k) + 1)
-    cache = KVCache(k=tuple(jax.random.normal(k, x.shape) for k, x in zip(keys, cache.k)),
-                    v=tuple(jax.random.normal(k, x.shape) for k, x in zip(keys[len(cache.k):], cache.v)),
-                    lengths=jax.random.randint(keys[-1], (source,), 0, 8))
-    rows = jax.random.randint(jax.random.key(1), (taken,), 0, source).at[:source].set(jnp.arange(source)[::-1])
-    placed = jax.device_put(cache, shd.cache_shardings(cache, mesh))
-    at = jax.device_put(rows, shd.batch_sharding(rows.shape, mesh))
-    take = jax.jit(lambda c, r: shd.constrain_rows(shd.take_rows(c, r, mesh), mesh))
-    got = take(placed, at)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(cache)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b)[np.asarray(rows)])
-    hlo = take.lower(placed, at).compile().as_text()
-    assert "collective-permute" in hlo and "all-gather" not in hlo
-    # unsplit (no mesh, or a source the batch axes split otherwise) it is jnp.take
-    plain = shd.take_rows(cache, rows, None)
-    for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(cache)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b)[np.asarray(rows)])

@@ -12,7 +12,6 @@ import functools
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
@@ -138,48 +137,6 @@ def constrain_rows(tree, mesh: Mesh | None, rules: Rules | None = None):
         return jax.lax.with_sharding_constraint(x, batch_sharding(x.shape, mesh, rules))
 
     return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, KVCache))
-
-
-def row_axes(rows: int, mesh: Mesh | None, rules: Rules | None = None) -> tuple[str, ...]:
-    """The mesh axes a leading dimension of `rows` is split over (`batch_sharding`); () when it is not split."""
-    if mesh is None:
-        return ()
-    spec = logical_spec(("batch",), (rows,), mesh, rules)[0]
-    return () if spec is None else (spec,) if isinstance(spec, str) else tuple(spec)
-
-
-def take_rows(tree, rows: jax.Array, mesh: Mesh | None, rules: Rules | None = None):
-    """Inside jit: every leaf [R, ...] of `tree` at rows `rows` [C] (`jnp.take` on axis 0), where a mesh splits the
-    source's rows and the result's over the same batch axes, without the source whole on any device.
-
-    Indexed by a split array, a gather of split rows is partitioned as an all-gather of the source onto every device
-    (a fork's copy of its prefix: the roots' whole KV cache on each chip). Here the source's shards go once around
-    the batch axes' ring instead (D - 1 collective permutes, as many bytes as the all-gather sends) and each device
-    copies the rows it needs from the shard passing it: beside the source's own rows and the result's, one shard
-    in flight. Other axes (a KV cache's heads over tensor) stay as they are. Without a split, `jnp.take`."""
-    take = lambda t, at: jax.tree.map(lambda a: jnp.take(a, at, axis=0), t)
-    source = jax.tree.leaves(tree)[0].shape[0]
-    axes = row_axes(source, mesh, rules)
-    if not axes or row_axes(rows.shape[0], mesh, rules) != axes:
-        return take(tree, rows)
-    n = int(np.prod([mesh.shape[ax] for ax in axes]))
-    ring = [(j, (j + 1) % n) for j in range(n)]
-
-    def local(shard, at):  # shard: this device's R / n source rows; at [C / n]: the rows its result takes
-        me, per = jax.lax.axis_index(axes), source // n
-        owner, row = at // per, at % per
-
-        def visit(i, carry):  # the shard of device (me - i) mod n has just arrived
-            held, out = carry
-            held = jax.tree.map(lambda a: jax.lax.ppermute(a, axes, ring), held)
-            hit = owner == (me - i) % n
-            pick = lambda got, old: jnp.where(hit.reshape((-1,) + (1,) * (old.ndim - 1)), got, old)
-            return held, jax.tree.map(pick, take(held, row), out)
-
-        return jax.lax.fori_loop(1, n, visit, (shard, take(shard, row)))[1]
-
-    spec = PartitionSpec(axes)
-    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec), out_specs=spec, axis_names=set(axes))(tree, rows)
 
 
 def constrain_vocab(logits: jax.Array, mesh: Mesh | None, rules: Rules | None = None) -> jax.Array:

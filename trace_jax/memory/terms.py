@@ -9,8 +9,7 @@ in two phases that never overlap, beside state that lives throughout:
   rollout   stage 1 (the pool's prefill cache [B, P] and the roots' cache [M, L], the prefill's temporaries),
             the forks (the roots' cache), then the turns (the KV cache of every slot, [S, L], and the observation
             forward's temporaries); on a mesh whose batch axes split the rows, a copy of rows by index (a root's
-            prompt rows, a fork's prefix) passes its source's shards around the ring, one in flight beside each
-            chip's own, and writes every layer of its result at once (`ring_bytes`);
+            prompt rows, a fork's prefix) gathers its source cache whole onto every chip (`gather_bytes`);
   loss      what autodiff saves for the backward of every layer over [S, L] (attention scores are
             [S, heads, L, L]), the loss head's [S, L, V] float32 arrays, the gradients.
 Peak per chip = state + max(rollout, loss). With `chunk_slots` (`train.chunked`), the rollout and the loss hold a
@@ -153,30 +152,22 @@ def activation_bytes(shape: StepShape, rows: int, size: Sizer, policy_params: fl
     return layers + norm + head + grads + casts
 
 
-def kv_bytes(model: ModelConfig, rows: int, positions: int, size: Sizer) -> float:
+def kv_bytes(model: ModelConfig, rows: int, positions: int, size: Sizer, gathered: bool = False) -> float:
     """Per-chip bytes of a `models.cache.KVCache` of `rows` x `positions`: k and v, every layer (the predictor's
-    own too), compute dtype."""
+    own too), compute dtype. gathered: every row on every chip (the rows not split over the batch axes), as a gather
+    of rows by index collects them (`gather_bytes`)."""
     shape = KVCache.layer_shape(model, rows, positions)
-    return 2 * model.cache_layers * size(shape, KVCache.AXES, _itemsize(model.dtype))
+    axes = (None,) + KVCache.AXES[1:] if gathered else KVCache.AXES
+    return 2 * model.cache_layers * size(shape, axes, _itemsize(model.dtype))
 
 
-def row_split(rows: int, size: Sizer) -> int:
-    """Chips the batch axes split a leading dimension of `rows` over (1: not split)."""
-    return round(rows / size((rows,), ("batch",), 1))
-
-
-def ring_bytes(model: ModelConfig, rows: int, taken: int, positions: int, size: Sizer) -> float:
-    """Per-chip bytes a copy of `taken` cache rows by index from a source of `rows` (a fork from the roots' cache, a
-    root from the pool's prefill) brings onto each chip. Nothing on one data shard, where the copy reads the source
-    in place. When the batch axes split both alike, `sharding.take_rows` passes the source's shards around the ring,
-    every layer at once: one shard in flight beside the chip's own (XLA:CPU's buffer assignment,
-    `tests/test_memory_plan.py`). Split otherwise, the partitioner gathers the whole source onto every chip."""
-    source = row_split(rows, size)
-    if source == 1:
-        return 0.0
-    if source == row_split(taken, size):
-        return kv_bytes(model, rows, positions, size)
-    return source * kv_bytes(model, rows, positions, size)
+def gather_bytes(model: ModelConfig, rows: int, positions: int, size: Sizer) -> float:
+    """Per-chip bytes a copy of cache rows by index (`KVCache.take`: a fork from the roots' cache, a root from the
+    pool's prefill) adds when the batch axes split the rows: the partitioner all-gathers the source cache, every
+    layer of it, onto each chip before the copy (XLA's buffer assignment holds the layers' gathers together);
+    nothing on one data shard, where the copy reads the source in place."""
+    whole = kv_bytes(model, rows, positions, size, gathered=True)
+    return 0.0 if whole == kv_bytes(model, rows, positions, size) else whole
 
 
 def forward_temps(model: ModelConfig, rows: int, fed: int, keys: int, size: Sizer) -> float:
@@ -197,20 +188,18 @@ def step_bytes(shape: StepShape, slots: int, mesh: Sequence[int]) -> dict[str, f
     roots = slots // (1 + shape.continuations)  # a chunk's R roots (all M at S slots), then R * N continuations
     turn_rows = max(roots, slots - roots)
     # Stage 1 prefills the pool (a chunk: its roots' prompts, `rollout.chunks.start_chunk`) and copies each root's
-    # prompt rows into the roots' cache; with the rows split, one shard of the prefilled cache is in flight too.
+    # prompt rows into the roots' cache; with the rows split, the prefilled cache is gathered onto each chip first.
     prefilled = shape.pool if slots >= shape.slots else roots
     roots_cache = kv_bytes(m, roots, length, size)
     stage1 = (kv_bytes(m, prefilled, shape.prompt_width, size) + roots_cache
-              + ring_bytes(m, prefilled, roots, shape.prompt_width, size))
+              + gather_bytes(m, prefilled, shape.prompt_width, size))
     stage1_temps = forward_temps(m, prefilled, shape.prompt_width, shape.prompt_width, size)
     # The rows running turns: the roots, then their continuations. A fork copies the roots' cache into the
-    # continuations' rows, between the two phases' forwards. On one data shard each root layer dies once copied (the
-    # roots' turns are over); on the ring (the rows split over the batch axes alike) the copy writes every layer at
-    # once, so the roots' rows, the continuations' and one shard in flight live together.
+    # continuations' rows, each root layer dying once copied (the roots' turns are over); with the rows split over
+    # the batch axes, the roots' whole cache is gathered onto each chip first, beside the roots' own rows, between
+    # the two phases' forwards.
     turns = kv_bytes(m, turn_rows, length, size)
-    ring = row_split(roots, size) == row_split(slots - roots, size) > 1
-    copied = kv_bytes(m, slots - roots, length, size) if ring else 0.0
-    fork = roots_cache + ring_bytes(m, roots, slots - roots, length, size) + copied if shape.continuations else 0.0
+    fork = roots_cache + gather_bytes(m, roots, length, size) if shape.continuations else 0.0
     turn_temps = forward_temps(m, turn_rows, shape.obs_len + 1, length, size)  # `engine.append_observation`
     tree = (size((shape.slots, length), ("batch", "seq"), 4 + 1 + 4)
             + size((shape.slots, shape.max_turns, m.hidden_size), ("batch", None, None), _itemsize(m.dtype)))

@@ -98,8 +98,8 @@ allocate_roots = jit_with_model(allocate, static_argnames=("plan",))
 
 
 def start_chunk(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, prompt_of_slot: jax.Array,
-                first_root: jax.Array, end_root: jax.Array, *, plan: Plan, chunk_roots: int, pad_id: int,
-                mesh: Mesh | None = None) -> tuple[Rollout, jax.Array]:
+                first_root: jax.Array, end_root: jax.Array, *, plan: Plan, chunk_roots: int, pad_id: int
+                ) -> tuple[Rollout, jax.Array]:
     """A chunk's R root slots at the start of their episodes: slots [first_root, end_root) of the step's
     prompt_of_slot [M] (whole prompts), the rest unused. Returns (roots, m [B]: their prompts' root counts).
     The chunk prefills its root rows itself (R x P positions in fed_positions)."""
@@ -111,20 +111,19 @@ def start_chunk(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, prompt_o
     rows = Pool(tokens=pool.tokens[src], lengths=pool.lengths[src], question=pool.question[src])
     keys = window(jax.random.split(k_root_slots, plan.roots), first_root, r)
     ro = start_roots(model, env, rows, prefill_pool(model, rows), jnp.where(own, jnp.arange(r), Tree.NO_PROMPT),
-                     keys, pad_id=pad_id, mesh=mesh)
+                     keys, pad_id=pad_id)
     m = jnp.zeros(b, jnp.int32).at[jnp.where(own, prompt, b)].add(1, mode="drop")
     return dataclasses.replace(ro, tree=dataclasses.replace(ro.tree, prompt=prompt)), m
 
 
 def fork_chunk(model: Policy, env: JaxEnv, roots: Rollout, m: jax.Array, key: jax.Array, first_root: jax.Array,
-               first_cont: jax.Array, *, plan: Plan, pad_id: int, mesh: Mesh | None = None
-               ) -> tuple[Rollout, jax.Array]:
+               first_cont: jax.Array, *, plan: Plan, pad_id: int) -> tuple[Rollout, jax.Array]:
     """Stage 2 of a chunk's finished roots (its prompts' counts m [B]) and their R*N continuation slots, whose
     first takes the step's continuation slot first_cont: (continuations, unplaced [])."""
     _, k_prefix, _, k_cont_slots = jax.random.split(key, 4)
     parent, branch_turn, unplaced = plan.continuation_slots(k_prefix, roots.tree, m, first_root)
     keys = window(jax.random.split(k_cont_slots, plan.roots * plan.continuations), first_cont, parent.shape[0])
-    return fork(model, env, roots, parent, branch_turn, keys, pad_id=pad_id, mesh=mesh), unplaced
+    return fork(model, env, roots, parent, branch_turn, keys, pad_id=pad_id), unplaced
 
 
 def rollout(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, prompt_of_slot: jax.Array,
@@ -133,12 +132,11 @@ def rollout(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, prompt_of_sl
     """One chunk in one program: `start_chunk`, its roots' turns, `fork_chunk`, the continuations' turns.
     Returns (tree [R * (1 + N)]: roots, then continuations with chunk-local parents; stats as `expand`'s)."""
     ro, m = start_chunk(model, env, pool, key, prompt_of_slot, first_root, end_root, plan=plan,
-                        chunk_roots=chunk_roots, pad_id=pad_id, mesh=mesh)
+                        chunk_roots=chunk_roots, pad_id=pad_id)
     phases = [run_turns(model, env, constrain_rows(ro, mesh), sampling=sampling)]
     unplaced = jnp.zeros((), jnp.int32)
     if plan.continuations:
-        cont, unplaced = fork_chunk(model, env, phases[0], m, key, first_root, first_cont, plan=plan, pad_id=pad_id,
-                                    mesh=mesh)
+        cont, unplaced = fork_chunk(model, env, phases[0], m, key, first_root, first_cont, plan=plan, pad_id=pad_id)
         phases.append(run_turns(model, env, constrain_rows(cont, mesh), sampling=sampling))
     tree, stats = join_phases(phases, unplaced)
     return constrain_rows(tree, mesh), stats

@@ -26,7 +26,7 @@ from trace_jax.models.jit import jit_with_model
 from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import Rollout, SamplingConfig, TurnSpec, max_len, run_turns
 from trace_jax.rollout.tree import Tree
-from trace_jax.sharding import constrain_rows, take_rows
+from trace_jax.sharding import constrain_rows
 from trace_jax.validate import concrete
 
 
@@ -55,13 +55,11 @@ def _check_slots(name: str, index: jax.Array, size: int) -> None:
 
 
 def start_roots(model: Policy, env: JaxEnv, pool: Pool, prefilled: Prefill, prompt_of_slot: jax.Array,
-                keys: jax.Array, *, pad_id: int, slot_len: int | None = None, mesh: Mesh | None = None) -> Rollout:
+                keys: jax.Array, *, pad_id: int, slot_len: int | None = None) -> Rollout:
     """Root slots [M] at the start of their episodes, copying their prompt's prefilled cache row.
 
     prompt_of_slot [M]: pool index per slot, NO_PROMPT for unused; keys [M]; slot_len: L (default:
-    the prompt width plus T full turns). `fed_positions` starts at the pool prefill's B x P positions. mesh: the
-    prefilled rows and the slots split over its batch axes, the cache rows are copied around the ring
-    (`sharding.take_rows`), not gathered whole onto every device.
+    the prompt width plus T full turns). `fed_positions` starts at the pool prefill's B x P positions.
     """
     _check_slots("prompt_of_slot", prompt_of_slot, pool.tokens.shape[0])
     spec = TurnSpec.of(env)
@@ -82,7 +80,7 @@ def start_roots(model: Policy, env: JaxEnv, pool: Pool, prefilled: Prefill, prom
         question=pool.question[src].astype(jnp.int32),
         done=~used,
     )
-    cache = take_rows(prefilled.cache, src, mesh).pad_to(length)
+    cache = prefilled.cache.take(src).pad_to(length)
     return Rollout(tree=tree, cache=cache.with_lengths(jnp.where(used, cache.lengths, 0)),
                    logits=prefilled.logits[src],
                    boundary_hidden=jnp.zeros((m, spec.max_turns, model.cfg.hidden_size), model.cfg.jnp_dtype),
@@ -91,13 +89,12 @@ def start_roots(model: Policy, env: JaxEnv, pool: Pool, prefilled: Prefill, prom
 
 
 def fork(model: Policy, env: JaxEnv, roots: Rollout, parent: jax.Array, branch_turn: jax.Array,
-         keys: jax.Array, *, pad_id: int, mesh: Mesh | None = None) -> Rollout:
+         keys: jax.Array, *, pad_id: int) -> Rollout:
     """Continuation slots restarting after turn `branch_turn` [C] of root slot `parent` [C].
 
     Tokens, masks, log-probs, readings and the KV cache are copied up to the anchor's boundary
     (gather by index); the first token's logits come from the saved boundary hidden state.
-    parent == NO_PARENT marks an unused slot (inert: done, NO_PROMPT, empty). mesh: as `start_roots`'s, for
-    the roots' cache.
+    parent == NO_PARENT marks an unused slot (inert: done, NO_PROMPT, empty).
     """
     _check_slots("parent", parent, roots.tree.num_slots)
     used = parent != Tree.NO_PARENT
@@ -132,7 +129,7 @@ def fork(model: Policy, env: JaxEnv, roots: Rollout, parent: jax.Array, branch_t
     )
     return Rollout(
         tree=tree,
-        cache=take_rows(roots.cache, src, mesh).with_lengths(cut),
+        cache=roots.cache.take(src).with_lengths(cut),
         logits=model.logits_from_hidden(roots.boundary_hidden[src, b]),
         boundary_hidden=jnp.where(before[..., None], roots.boundary_hidden[src], 0),
         env_state=env.at_turn(jax.tree.map(lambda a: a[src], roots.env_state), b + 1),
@@ -167,25 +164,24 @@ def concat(a: Tree, b: Tree) -> Tree:
     return jax.tree.map(lambda x, y: jnp.concatenate([x, y]), a, b)
 
 
-def start_stage1(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan, pad_id: int,
-                 mesh: Mesh | None = None) -> tuple[Rollout, jax.Array, jax.Array]:
+def start_stage1(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan, pad_id: int
+                 ) -> tuple[Rollout, jax.Array, jax.Array]:
     """Prefill the pool, allocate roots (stage 1) and start them: (roots, pool_v [B], m [B]).
     `key` is the step's key; its split is shared with `start_stage2`."""
     k_roots, _, k_root_slots, _ = jax.random.split(key, 4)
     pre = prefill_pool(model, pool)
     prompt_of_slot, m = plan.root_slots(k_roots, pre.success)
-    ro = start_roots(model, env, pool, pre, prompt_of_slot, jax.random.split(k_root_slots, plan.roots), pad_id=pad_id,
-                     mesh=mesh)
+    ro = start_roots(model, env, pool, pre, prompt_of_slot, jax.random.split(k_root_slots, plan.roots), pad_id=pad_id)
     return ro, pre.success, m
 
 
 def start_stage2(model: Policy, env: JaxEnv, roots: Rollout, m: jax.Array, key: jax.Array, *, plan: Plan,
-                 pad_id: int, mesh: Mesh | None = None) -> tuple[Rollout, jax.Array]:
+                 pad_id: int) -> tuple[Rollout, jax.Array]:
     """Allocate anchors among the finished roots (stage 2) and fork them: (continuations, unplaced [])."""
     _, k_prefix, _, k_cont_slots = jax.random.split(key, 4)
     parent, branch_turn, unplaced = plan.continuation_slots(k_prefix, roots.tree, m)
     cont = fork(model, env, roots, parent, branch_turn, jax.random.split(k_cont_slots, parent.shape[0]),
-                pad_id=pad_id, mesh=mesh)
+                pad_id=pad_id)
     return cont, unplaced
 
 
@@ -215,11 +211,11 @@ def expand(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan
         `tree.model_tokens`;
       stage2_unplaced: continuation budget the allocator could not place (no anchor, or capped).
     """
-    ro, pool_v, m = start_stage1(model, env, pool, key, plan=plan, pad_id=pad_id, mesh=mesh)
+    ro, pool_v, m = start_stage1(model, env, pool, key, plan=plan, pad_id=pad_id)
     phases = [run_turns(model, env, constrain_rows(ro, mesh), sampling=sampling)]
     unplaced = jnp.zeros((), jnp.int32)
     if plan.continuations:
-        cont, unplaced = start_stage2(model, env, phases[0], m, key, plan=plan, pad_id=pad_id, mesh=mesh)
+        cont, unplaced = start_stage2(model, env, phases[0], m, key, plan=plan, pad_id=pad_id)
         phases.append(run_turns(model, env, constrain_rows(cont, mesh), sampling=sampling))
     tree, stats = join_phases(phases, unplaced)
     return constrain_rows(tree, mesh), pool_v, stats

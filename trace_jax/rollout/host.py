@@ -54,11 +54,11 @@ class NoEnvState:
 
 
 def _on_mesh(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """fn (given `mesh` too) with its outputs' rows split over `mesh` (a keyword; None: as they come), so that
-    every array the host loop passes on lives on the mesh's devices."""
+    """fn with its outputs' rows split over `mesh` (a keyword; None: as they come), so that every array the host
+    loop passes on lives on the mesh's devices."""
     @functools.wraps(fn)
     def split(*args: Any, mesh: Mesh | None = None, **kwargs: Any) -> Any:
-        return constrain_rows(fn(*args, mesh=mesh, **kwargs), mesh)
+        return constrain_rows(fn(*args, **kwargs), mesh)
 
     return split
 
@@ -71,11 +71,10 @@ _join = jax.jit(join_phases)
 
 
 def _live_on_mesh(fn: Callable[..., tuple[refill.Work, Any] | refill.Work]) -> Callable[..., Any]:
-    """fn (given `mesh` too) returning `Work` (alone or first), with the work's live rows split over `mesh` (a
-    keyword)."""
+    """fn returning `Work` (alone or first), with the work's live rows split over `mesh` (a keyword)."""
     @functools.wraps(fn)
     def split(*args: Any, mesh: Mesh | None = None, **kwargs: Any) -> Any:
-        out = fn(*args, mesh=mesh, **kwargs)
+        out = fn(*args, **kwargs)
         w, rest = (out[0], out[1:]) if isinstance(out, tuple) else (out, None)
         w = dataclasses.replace(w, live=constrain_rows(w.live, mesh))
         return w if rest is None else (w, *rest)

@@ -97,18 +97,17 @@ def solve_prefix(plan: Plan, key: jax.Array, roots: Tree, m: jax.Array, solved: 
     return plan.continuation_slots(key, masked, jnp.where(jnp.cumsum(m) <= solved, m, 0))
 
 
-def start(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan, live_slots: int, pad_id: int,
-          mesh: Mesh | None = None) -> tuple[Work, jax.Array]:
-    """Prefill the pool, allocate roots (stage 1, as `expand`) and fill the live rows: (work, pool_v [B]). mesh:
-    the rows' split, for the copies of cache rows (`rollout.expand.fork`)."""
+def start(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan, live_slots: int, pad_id: int
+          ) -> tuple[Work, jax.Array]:
+    """Prefill the pool, allocate roots (stage 1, as `expand`) and fill the live rows: (work, pool_v [B])."""
     k_roots, k_prefix, k_root_slots, k_cont_slots = jax.random.split(key, 4)
     pre = prefill_pool(model, pool)
     prompt_of_slot, m = plan.root_slots(k_roots, pre.success)
     none = jnp.full((plan.roots,), Tree.NO_PROMPT, jnp.int32)
     root_keys = jax.random.split(k_root_slots, plan.roots)
-    roots = start_roots(model, env, pool, pre, none, root_keys, pad_id=pad_id, mesh=mesh)
+    roots = start_roots(model, env, pool, pre, none, root_keys, pad_id=pad_id)
     idle = start_roots(model, env, pool, pre, jnp.repeat(none[:1], live_slots), jnp.repeat(root_keys[:1], live_slots),
-                       pad_id=pad_id, mesh=mesh)
+                       pad_id=pad_id)
     conts = plan.roots * plan.continuations
     work = Work(live=idle, item=jnp.full((live_slots,), NO_ITEM, jnp.int32), roots=roots,
                 conts=Tree.empty(conts, roots.tree.max_len, roots.tree.max_turns, pad_id),
@@ -117,10 +116,10 @@ def start(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan,
                 next_root=jnp.int32(0), next_cont=jnp.int32(0), unplaced=jnp.int32(0), pool=pool, prefilled=pre,
                 prompt_of_slot=prompt_of_slot, m=m, root_keys=root_keys,
                 cont_keys=jax.random.split(k_cont_slots, max(conts, 1))[:conts], prefix_key=k_prefix)
-    return refill(model, env, work, pad_id=pad_id, mesh=mesh), pre.success
+    return refill(model, env, work, pad_id=pad_id), pre.success
 
 
-def refill(model: Policy, env: JaxEnv, w: Work, *, pad_id: int, mesh: Mesh | None = None) -> Work:
+def refill(model: Policy, env: JaxEnv, w: Work, *, pad_id: int) -> Work:
     """Idle live rows, in row order, take the pending items: roots first, then ready continuations."""
     def take(w: Work) -> Work:
         num_roots, idle = w.root_keys.shape[0], w.item == NO_ITEM
@@ -134,12 +133,11 @@ def refill(model: Policy, env: JaxEnv, w: Work, *, pad_id: int, mesh: Mesh | Non
         live = w.live
         new = start_roots(model, env, w.pool, w.prefilled,
                           jnp.where(to_root, w.prompt_of_slot[root], Tree.NO_PROMPT), w.root_keys[root],
-                          pad_id=pad_id, slot_len=live.tree.max_len, mesh=mesh)
+                          pad_id=pad_id, slot_len=live.tree.max_len)
         live = _select_rows(to_root, new, live)
         if w.parent.shape[0]:
             new = fork(model, env, w.roots, jnp.where(to_cont, w.parent[cont], Tree.NO_PARENT),
-                       jnp.where(to_cont, w.branch_turn[cont], Tree.NO_TURN), w.cont_keys[cont], pad_id=pad_id,
-                       mesh=mesh)
+                       jnp.where(to_cont, w.branch_turn[cont], Tree.NO_TURN), w.cont_keys[cont], pad_id=pad_id)
             live = _select_rows(to_cont, new, live)
         item = jnp.where(to_root, root, jnp.where(to_cont, num_roots + cont, w.item))
         return dataclasses.replace(w, live=live, item=item.astype(jnp.int32), next_root=w.next_root + to_root.sum(),
@@ -148,7 +146,7 @@ def refill(model: Policy, env: JaxEnv, w: Work, *, pad_id: int, mesh: Mesh | Non
     return jax.lax.cond((w.item == NO_ITEM).any() & w.pending, take, lambda w: w, w)
 
 
-def settle(model: Policy, env: JaxEnv, w: Work, *, plan: Plan, pad_id: int, mesh: Mesh | None = None) -> Work:
+def settle(model: Policy, env: JaxEnv, w: Work, *, plan: Plan, pad_id: int) -> Work:
     """After a turn: write the ended episodes' slots, solve stage 2 of the prompts whose roots are now all
     finished (and every prompt's before them), and refill the freed rows."""
     num_roots = plan.roots
@@ -169,7 +167,7 @@ def settle(model: Policy, env: JaxEnv, w: Work, *, plan: Plan, pad_id: int, mesh
 
     if plan.continuations:
         w = jax.lax.cond(solved > w.solved, solve, lambda w: w, w)
-    return refill(model, env, w, pad_id=pad_id, mesh=mesh)
+    return refill(model, env, w, pad_id=pad_id)
 
 
 def finish(w: Work) -> tuple[Tree, dict[str, jax.Array]]:
@@ -181,12 +179,11 @@ def expand(model: Policy, env: JaxEnv, pool: Pool, key: jax.Array, *, plan: Plan
            pad_id: int, live_slots: int, mesh: Mesh | None = None) -> tuple[Tree, jax.Array, dict[str, jax.Array]]:
     """`rollout.expand.expand` on live_slots rows refilled between turns: the same (tree [S], pool_v [B]) under
     the same key, and its stats over the live rows (utilisation = live tokens / (live_slots x decode steps))."""
-    w, pool_v = start(model, env, pool, key, plan=plan, live_slots=live_slots, pad_id=pad_id, mesh=mesh)
+    w, pool_v = start(model, env, pool, key, plan=plan, live_slots=live_slots, pad_id=pad_id)
 
     def body(w: Work) -> Work:
         live = play_turn(model, env, constrain_rows(w.live, mesh), sampling=sampling)
-        return settle(model, env, dataclasses.replace(w, live=constrain_rows(live, mesh)), plan=plan, pad_id=pad_id,
-                      mesh=mesh)
+        return settle(model, env, dataclasses.replace(w, live=constrain_rows(live, mesh)), plan=plan, pad_id=pad_id)
 
     w = jax.lax.while_loop(lambda w: (w.item != NO_ITEM).any(), body, w)
     tree, stats = finish(w)
