@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from host_tree import expand_on_host_mesh
-from processes import assert_rows_close, logged_rows, two_processes
+from processes import assert_rows_close, float32_tolerance, logged_rows, two_processes
 from test_train import OVERRIDES, run_dirs  # noqa: F401 (run_dirs: the shared base policy and dataset fixture)
 
 from trace_jax.config import TrainConfig, load_config
@@ -68,9 +68,8 @@ def test_two_processes_train_like_one_process_with_all_devices_through_a_preempt
     # on a gradient that is float32 noise (a weight the loss leaves at ~0): the two runs' V~ part by ~1e-5, their
     # test Brier score by 1.6e-4 relative at step 3 (a process missing a shard or training on other rows would be off
     # by far more)
-    # ratio_max_dev is max |ratio - 1|: a few of float32's ulps at 1 (1.2e-7 each), 4.8e-7 against 9.5e-7 in one run
-    assert_rows_close(a, b, lambda key: (1e-3 if key.startswith("eval/") else 2e-4 if key.endswith("_std") else 1e-5,
-                                         1e-5 if key == "ratio_max_dev" else 1e-7))
+    # ratio_max_dev: 4.8e-7 against 9.5e-7 in one run (`float32_tolerance`)
+    assert_rows_close(a, b, lambda key: (1e-3, 1e-7) if key.startswith("eval/") else float32_tolerance(key))
     # prompt-level values: a process training on other rows than its own changes them, V~ by far more than the
     # ~1e-5 of Adam's float32 noise, and the budgets
     assert_rows_close(logged_rows(one / "allocation.jsonl"), logged_rows(two / "allocation.jsonl"),
