@@ -35,8 +35,14 @@ class JaxEnv(Protocol):
 class HostEnv(Protocol):
     """A multi-turn environment on the host (tools: a retriever, a sandbox), batched over S slots.
 
-    The episode's state is the slot's question and the turns it has taken, both read from the
-    rollout tree, so forking a continuation mid-episode needs nothing from the environment.
+    Stateless (the default): the episode's state is the slot's question and the turns it has taken, both read
+    from the rollout tree, so forking a continuation mid-episode needs nothing from the environment.
+
+    Stateful (`stateful = True`: a tool whose calls change state, such as a key-value store, a file system or an
+    interpreter): `step` also gets `past_actions`, per slot the action token ids of every turn its episode took
+    before this one, and must act on the state those actions leave. A continuation forked after turn t holds a
+    copy of its parent's prefix, so its history is the parent's first t + 1 actions: the engine restores a fork
+    by handing over that history, the environment by snapshot or replay (`envs.stateful.StatefulHostEnv`).
     """
 
     max_turns: int
@@ -44,9 +50,11 @@ class HostEnv(Protocol):
     obs_len: int
     stop_ids: tuple[int, ...]
     stop_sequences: tuple[tuple[int, ...], ...]  # multi-token stops, e.g. the ids of `</search>`
+    # stateful: bool  (optional, False when absent) whether `step` takes `past_actions`
 
     def step(self, question: np.ndarray, turn: np.ndarray, live: np.ndarray, action: np.ndarray,
              action_len: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """One turn of every live slot: question ids [S], turns taken before this one [S], live [S] bool,
         action [S, A] token ids, action_len [S] -> (obs [S, O], obs_len [S], reward [S], done [S]).
-        Entries of slots that are not live are ignored. Must not raise on any action."""
+        Entries of slots that are not live are ignored. Must not raise on any action. A stateful env takes one
+        more keyword, past_actions: a list (one per slot) of turn[s] int32 arrays [A_t], [] where not live."""

@@ -271,6 +271,22 @@ def host_turn_fns(model: Policy, spec: TurnSpec, sampling: SamplingConfig, mesh:
             functools.partial(append_observation_jit.bind(model), mesh=mesh))
 
 
+def past_actions(tokens: np.ndarray, policy_mask: np.ndarray, prompt_len: np.ndarray, boundaries: np.ndarray,
+                 num_turns: np.ndarray, live: np.ndarray) -> list[list[np.ndarray]]:
+    """Per row, the action token ids of each turn its episode took so far: a list (one per row) of num_turns int32
+    arrays [A_t]; [] for rows not live. Turn t spans (boundaries[t - 1], or prompt_len for t = 0, up to
+    boundaries[t]): its action is that span's policy tokens, its observation the rest. A continuation holds a copy
+    of its parent's prefix, so its first turns are the parent's.
+
+    tokens, policy_mask [R, L]; prompt_len, num_turns, live [R]; boundaries [R, T] (this process's rows)."""
+    out: list[list[np.ndarray]] = []
+    for r in range(len(tokens)):
+        ends = boundaries[r, : num_turns[r]] if live[r] else boundaries[r, :0]  # [t]
+        starts = np.concatenate([prompt_len[r : r + 1], ends[:-1]])  # [t]
+        out.append([tokens[r, a:b][policy_mask[r, a:b]].astype(np.int32) for a, b in zip(starts, ends)])
+    return out
+
+
 def play_turn_host(generate: Callable[[Rollout], tuple[Rollout, jax.Array, jax.Array]],
                    append: Callable[[Rollout, Any, Any, Any, Any], Rollout], env: HostEnv, ro: Rollout) -> Rollout:
     """One turn of every live slot with the environment on the host: one `env.step` for the live slots.
@@ -278,7 +294,9 @@ def play_turn_host(generate: Callable[[Rollout], tuple[Rollout, jax.Array, jax.A
     generate / append: `generate_turn` / `append_observation` closed over model, spec and sampling,
     each jitted once by the caller (`host_turn_fns`). With several processes (slots split over their
     devices) each process's environment answers only its own rows and the observations are assembled
-    as global arrays (actions are read from the process's own shards).
+    as global arrays (actions are read from the process's own shards). A stateful env (`env.stateful`) is
+    also handed each row's earlier actions (`past_actions`, read from the tree before the turn), from which
+    it restores the episode's state, a fork's included; a stateless one reads nothing more.
     """
     rows = process_rows(ro.tree.done.sharding, ro.tree.done.shape)  # every row in one process
     by_row, by_row_2d = ro.tree.done.sharding, ro.tree.tokens.sharding
@@ -288,9 +306,14 @@ def play_turn_host(generate: Callable[[Rollout], tuple[Rollout, jax.Array, jax.A
 
     live = ~to_process_rows(ro.tree.done, rows)
     question, turn = to_process_rows(ro.tree.question, rows), to_process_rows(ro.tree.num_turns, rows)
+    history = {}
+    if getattr(env, "stateful", False):  # read before `generate`, which takes (donates) the rollout
+        t = ro.tree
+        history["past_actions"] = past_actions(*(to_process_rows(x, rows) for x in (
+            t.tokens, t.policy_mask, t.prompt_len, t.boundaries, t.num_turns)), live)
     ro, action, action_len = generate(ro)
     obs, obs_len, reward, done = env.step(question, turn, live, to_process_rows(action, rows),
-                                          to_process_rows(action_len, rows))
+                                          to_process_rows(action_len, rows), **history)
     return append(ro, put(obs, np.int32), put(obs_len, np.int32), put(reward, np.float32), put(done, bool))
 
 
