@@ -46,7 +46,7 @@ def test_shipped_train_config_equals_builtin_defaults():
 
 @pytest.mark.parametrize("path", sorted(Path("configs").glob("*.yaml")))
 def test_every_shipped_config_loads(path):
-    from trace_jax.config import CompareConfig
+    from trace_jax.compare.config import CompareConfig
 
     cls = SFTConfig if path.name == "hopworld_sft.yaml" else CompareConfig if "methods:" in path.read_text() \
         else TrainConfig
@@ -82,8 +82,11 @@ def test_values_that_would_fail_late_or_train_wrongly_fail_at_load(override, mes
         == "/tmp/c"
 
 
-def test_compare_runs_hopworld_only():
-    from trace_jax.config import CompareConfig
+def test_compare_takes_every_family_and_their_task_sections():
+    from trace_jax.compare.config import CompareConfig
 
-    with pytest.raises(ValueError, match="compare runs on HopWorld only"):
-        load_config(CompareConfig, None, ["train.env=search_qa"])
+    assert load_config(CompareConfig, None, ["train.env=search_qa"]).train.env == "search_qa"
+    cfg = load_config(CompareConfig, None, ["train.env=counter_family:FAMILY", "train.task.max_turns=3"])
+    assert cfg.train.task == {"max_turns": 3}
+    with pytest.raises(ValueError, match="config key 'train.task': expected dict"):
+        load_config(CompareConfig, None, ["train.task=3"])

@@ -73,15 +73,16 @@ def test_warm_up_lifts_root_auc_on_held_out_prompts(default_sft):
     holds out whole questions (root AUC 0.528 and 0.538 on two SFT builds, prefix 0.594; 820 episodes: a standard
     error of about 0.02), not the issue's 0.65: the head is below the 0.656 a predictor knowing each question's
     success rate would score (`trace-jax bench contrast`), and that gap is open."""
-    from trace_jax.train.loop import base_policy, evaluate, warm_up
+    from trace_jax.envs.hopworld.family import HopWorldTask, evaluate
+    from trace_jax.train.loop import warm_up
 
     _, cfg = default_sft
-    env = HopWorldEnv(build_world(cfg.world), cfg.world)
-    model = base_policy(cfg)
-    report = warm_up(cfg, model, env)
+    task = HopWorldTask(cfg)
+    model = task.base_policy(None)
+    report = warm_up(cfg, model, task.env, lambda i: task.warmup_pool(i, None), task.pad_id)
     assert report["warmup/before/root_auc"] == 0.5
-    scores, _ = evaluate(model, env, split_questions(dataclasses.replace(SFTConfig(), data_dir=cfg.data_dir),
-                                                     "test"), cfg, 0)
+    scores = evaluate(model, task.env, split_questions(dataclasses.replace(SFTConfig(), data_dir=cfg.data_dir),
+                                                       "test"), cfg, 0).metrics
     assert scores["eval/root_auc"] > 0.52 and scores["eval/prefix_auc"] > 0.54, scores
     assert scores["eval/root_v_std"] > 0.05 and scores["eval/root_ece"] < 0.1, scores
 
@@ -93,15 +94,15 @@ def test_a_predictor_layer_lifts_root_auc_above_0_6(default_sft):
     (an earlier fit of the same recipe: 0.615 and 0.656); 341 s of warm-up on 2 cores. The spread's bar is below
     the issue's 0.10: on another SFT build (2026-12-03) it measured 0.089, with root and prefix AUC above their bars."""
     from trace_jax.config import TrainConfig, load_config
-    from trace_jax.models import with_predictor_layers
-    from trace_jax.train.loop import base_policy, evaluate, held_out_questions, warm_up
+    from trace_jax.envs.hopworld.family import HopWorldTask
+    from trace_jax.train.loop import warm_up
 
     _, base = default_sft
     cfg = load_config(TrainConfig, "configs/hopworld_predictor_layer.yaml",
                       [f"init_checkpoint={base.init_checkpoint}", f"data_dir={base.data_dir}", "eval_samples=4"])
-    env = HopWorldEnv(build_world(cfg.world), cfg.world)
-    model = with_predictor_layers(base_policy(cfg), cfg.predictor_layers)
-    warm_up(cfg, model, env)
-    scores, _ = evaluate(model, env, held_out_questions(cfg), cfg, 0)
+    task = HopWorldTask(cfg)
+    model = task.base_policy(None)
+    warm_up(cfg, model, task.env, lambda i: task.warmup_pool(i, None), task.pad_id)
+    scores = task.evaluate(model, 0, None).metrics
     assert scores["eval/root_auc"] > 0.6 and scores["eval/prefix_auc"] > 0.62, scores
     assert scores["eval/root_v_std"] > 0.08 and scores["eval/root_ece"] < 0.05, scores

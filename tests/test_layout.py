@@ -1,33 +1,30 @@
 """The README's architecture map ("Layout") names every module and folder of the package, and the repository's
 top-level folders: it cannot drift from the tree unnoticed."""
 
-import re
-from pathlib import Path
-
-ROOT = Path(__file__).parent.parent
-
-
-def _layout() -> str:
-    readme = (ROOT / "README.md").read_text()
-    return readme[readme.index("## Layout\n"):readme.index("## Not yet here")]
+from layout_map import PACKAGE, ROOT, layout_text, module_entries
 
 
 def test_the_layout_names_every_module_and_folder():
-    layout = _layout()
-    package = ROOT / "trace_jax"
+    layout = layout_text()
+    named = module_entries(layout)
+    package = ROOT / PACKAGE
     missing = []
     for path in sorted(package.rglob("*.py")):
-        rel = path.relative_to(package)
-        if path.name == "__init__.py" or "__pycache__" in rel.parts:
+        rel = path.relative_to(package).with_suffix("")
+        if "__pycache__" in rel.parts:
             continue
-        folders = [f"{part}/" for part in rel.parts[:-1]]
-        # a top-level module as "  name.py", a module in a folder by its name, its folders as "name/"
-        if folders:
-            named = re.search(rf"(^|[\s(]){re.escape(path.name)}[\s:,)]", layout) is not None
-        else:
-            named = f"  {path.name} " in layout
-        if not named or not all(f in layout for f in folders):
-            missing.append(str(rel))
-    assert not missing, f"README's Layout does not mention: {missing}"
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        if parts and ".".join((PACKAGE, *parts)) not in named:
+            missing.append(str(path.relative_to(package)))
+    assert not missing, f"README's Layout does not name: {missing}"
+    assert not set(named) - {".".join((PACKAGE, *p.relative_to(package).with_suffix("").parts)).removesuffix(
+        ".__init__") for p in package.rglob("*.py")}, "README's Layout names modules that do not exist"
     for folder in ("configs/", "docs/", "launch/", "colab/", "tests/"):
         assert folder in layout, folder
+
+
+def test_the_map_parser_reads_entries_sub_folders_and_modules_placed_alone():
+    layout = "## Layout\n```\ntrace_jax/\n  a.py   one\n  m/     x.py: the x; y.py and\n         z.py\n" \
+             "    s/   u.py\n  m/y.py  y alone, above\n  b.py   uses a.py\ntests/  t.py\n```\n"
+    assert module_entries(layout) == {"trace_jax.a": 0, "trace_jax.m": 1, "trace_jax.m.x": 1, "trace_jax.m.z": 1,
+                                      "trace_jax.m.s": 2, "trace_jax.m.s.u": 2, "trace_jax.m.y": 3, "trace_jax.b": 4}

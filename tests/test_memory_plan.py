@@ -21,6 +21,7 @@ from toy import TINY_WORLD, tiny_env
 from trace_jax import sharding as shd
 from trace_jax.cli import main
 from trace_jax.config import MeshConfig, TrainConfig, load_config
+from trace_jax.envs.hopworld import protocol
 from trace_jax.envs.hopworld.vocab import VOCAB_SIZE
 from trace_jax.envs.search_qa.config import SearchQAConfig
 from trace_jax.evaluate import question_pool
@@ -61,7 +62,7 @@ def xla_peak(cfg: TrainConfig, rollout_only: bool) -> int:
     env = tiny_env()
     model = nnx.eval_shape(lambda: Policy(cfg.sft.model, nnx.Rngs(0)))  # shapes suffice to compile
     pool = question_pool(env, np.arange(cfg.pool_size))
-    spec = step_spec(cfg, Budget(cfg.roots, cfg.continuations, cfg.group_size), mesh=mesh)
+    spec = step_spec(cfg, Budget(cfg.roots, cfg.continuations, cfg.group_size), protocol.PAD, mesh)
     if rollout_only:
         lowered = expand_tree.lower(model, env, pool, jax.random.key(0), plan=spec.plan, sampling=spec.sampling,
                                     pad_id=spec.pad_id, mesh=mesh)

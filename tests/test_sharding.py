@@ -12,7 +12,8 @@ from jax.sharding import PartitionSpec as P
 from tiny_qwen3 import write_tiny_qwen3
 from trace_jax import sharding as shd
 from trace_jax.config import MeshConfig
-from trace_jax.models import KVCache, ModelConfig, from_pretrained
+from trace_jax.models import KVCache, ModelConfig
+from trace_jax.models.hf_io import from_pretrained
 from trace_jax.sharding import device_grid
 
 pytestmark = pytest.mark.all_devices  # meshes over the 8 host devices

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 def _export(args: argparse.Namespace) -> int:
     from trace_jax.checkpoints import load_model
-    from trace_jax.models import save_pretrained
+    from trace_jax.models.hf_io import save_pretrained
 
     model = load_model(args.checkpoint, step=args.step)
     out = save_pretrained(model, args.out)
@@ -44,8 +44,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    from trace_jax.compare.config import CompareConfig
     from trace_jax.compare.run import compare
-    from trace_jax.config import CompareConfig, load_config
+    from trace_jax.config import load_config
 
     extra = ([f"methods=[{args.methods}]"] if args.methods else []) + list(args.overrides)
     compare(load_config(CompareConfig, args.config, (QUICK_COMPARE if args.quick else []) + extra))
@@ -126,30 +127,26 @@ def _eval(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from trace_jax.config import TrainConfig, load_config
-    from trace_jax.train.search_qa import evaluate, setup
+    from trace_jax.envs.registry import check_family
 
     cfg = load_config(TrainConfig, args.config, args.overrides)
-    if cfg.env != "search_qa":
-        raise ValueError("trace-jax eval scores search QA policies (env: search_qa); HopWorld runs evaluate "
-                         "during `trace-jax train`")
-    _, questions, env = setup(cfg)
+    task = check_family(cfg).setup(cfg)
     checkpoint = Path(args.checkpoint)
-    if (checkpoint / "config.json").is_file():
-        from trace_jax.models import from_pretrained
-
-        model = from_pretrained(checkpoint, compute_dtype=cfg.search_qa.dtype)
-    else:
-        from trace_jax.checkpoints import load_model
-
-        model = load_model(checkpoint)
-    scores, table, answers = evaluate(model, env, questions, cfg, 0)
+    ev = task.evaluate(task.load_policy(checkpoint), 0, None)
     out = Path(args.out or checkpoint.parent / "eval")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "eval.json").write_text(json.dumps(scores, indent=1))
-    (out / "eval.md").write_text(table)
-    (out / "eval_answers.jsonl").write_text("".join(json.dumps(a) + "\n" for a in answers))
-    print(table)
-    print(f"eval: {out / 'eval.json'}, {out / 'eval.md'} and each question's answer in {out / 'eval_answers.jsonl'}")
+    (out / "eval.json").write_text(json.dumps(ev.metrics, indent=1))
+    for name, text in ev.texts.items():
+        (out / name).write_text(text)
+        print(text)
+    for name, rows in ev.records.items():
+        (out / name).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    if ev.reliability is not None:
+        (out / "reliability.json").write_text(json.dumps(ev.reliability))
+    if not ev.texts:
+        print("\n".join(f"{k}: {v:.4f}" for k, v in ev.metrics.items()))
+    written = ["eval.json", *ev.texts, *ev.records] + (["reliability.json"] if ev.reliability is not None else [])
+    print(f"eval: {', '.join(str(out / name) for name in written)}")
     return 0
 
 
@@ -302,10 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(sft)
     sft.set_defaults(func=_sft)
 
-    train = sub.add_parser("train", help="RL on HopWorld with TRACE (or a baseline allocator)",
-                           description="Train the policy with one allocator. With no arguments: the "
-                                       "project's main job, a CPU-sized TRACE run that first builds the "
-                                       "dataset and the SFT base policy if they are missing.")
+    train = sub.add_parser("train", help="RL with TRACE (or a baseline allocator) on a task family (env=...)",
+                           description="Train the policy with one allocator on the task family that env names "
+                                       "(hopworld, search_qa, or module:attribute of your own). With no arguments: "
+                                       "the project's main job, a CPU-sized TRACE run on HopWorld that first builds "
+                                       "the dataset and the SFT base policy if they are missing.")
     _add_config_args(train)
     train.add_argument("--resume", action="store_true",
                        help="continue from the newest checkpoint in checkpoint_dir (default out_dir/checkpoints). "
@@ -442,12 +440,17 @@ def build_parser() -> argparse.ArgumentParser:
     mem.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     mem.set_defaults(func=_plan_memory)
 
-    ev = sub.add_parser("eval", help="EM / F1 of a search QA policy per dataset, with both averages",
-                        description="One sampled episode per question of each search_qa.eval_datasets split (test, "
-                                    "or dev): EM, F1 and sub-EM per dataset, their plain mean and the mean weighted "
-                                    "by test size, as a Markdown table and JSON. Needs the retriever running.")
+    ev = sub.add_parser("eval", help="evaluate a policy on its task family's held-out data",
+                        description="The family's evaluation (env) of a policy checkpoint, as training runs it: "
+                                    "HopWorld, test success per hop over eval_samples episodes a question and the "
+                                    "predictor's quality; search QA, one sampled episode per question of each "
+                                    "search_qa.eval_datasets split with EM, F1 and sub-EM per dataset and both "
+                                    "averages (needs the retriever running). Writes eval.json and the family's "
+                                    "files (e.g. each answer as JSONL).")
     _add_config_args(ev)
-    ev.add_argument("--checkpoint", required=True, help="an HF policy directory (e.g. <run>/hf) or an orbax one")
+    ev.add_argument("--checkpoint", required=True,
+                    help="the policy: a run's saved policy (<run>/policy, <run>/hf), or another checkpoint the family "
+                         "reads (an HF directory, an orbax one)")
     ev.add_argument("--out", default=None, help="output folder (default: <checkpoint>/../eval)")
     ev.set_defaults(func=_eval)
 

@@ -109,6 +109,9 @@ def _coerce(kind: Any, value: Any, key: str) -> Any:
     elif kind is str:
         if isinstance(value, str):
             return value
+    elif typing.get_origin(kind) is dict:
+        if isinstance(value, Mapping):
+            return dict(value)
     elif typing.get_origin(kind) is tuple:
         if isinstance(value, (list, tuple)):
             return tuple(value)
@@ -225,7 +228,6 @@ class SFTConfig:
 
 
 COST_MATCHING = ("tokens", "leaves", "none")
-ENVS = ("hopworld", "search_qa")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,11 +253,14 @@ class WarmupConfig:
 class TrainConfig:
     """RL with one allocator; `trace-jax train` with no arguments runs these defaults (HopWorld).
 
-    env: "hopworld" (world, sft and init_checkpoint apply) or "search_qa" (search_qa applies: a local HF Qwen3
-    policy searching a corpus through a retriever, trained from that checkpoint; no SFT is run).
+    env: the task family (`trace_jax.envs.registry`): "hopworld" (world, sft and init_checkpoint apply),
+    "search_qa" (search_qa applies: a local HF Qwen3 policy searching a corpus through a retriever, trained from
+    that checkpoint; no SFT is run), or "module:attribute" naming a family of your own, whose settings go in
+    `task` (docs/adding_a_task.md).
     """
 
-    env: str = "hopworld"  # hopworld | search_qa: which environment and data the run uses
+    env: str = "hopworld"  # the task family: hopworld | search_qa | module:attribute (docs/adding_a_task.md)
+    task: dict[str, Any] = dataclasses.field(default_factory=dict)  # a plug-in family's own settings (its config)
     search_qa: SearchQAConfig = SearchQAConfig()  # policy, data, turns, retriever (env: search_qa)
     world: HopWorldConfig = HopWorldConfig()  # the HopWorld the run trains on (env: hopworld)
     sft: SFTConfig = SFTConfig()  # how the base policy is built when init_checkpoint is missing
@@ -308,8 +313,8 @@ class TrainConfig:
 
         if self.allocator not in ALLOCATORS:
             raise ValueError(f"allocator={self.allocator!r} is not one of {sorted(ALLOCATORS)}")
-        if self.env not in ENVS:
-            raise ValueError(f"env={self.env!r} is not one of {list(ENVS)}")
+        if not self.env:
+            raise ValueError("env must name a task family: hopworld, search_qa or module:attribute")
         if ALLOCATORS.get(self.cost_reference, ("", "none"))[1] == "none":
             tree_allocators = sorted(k for k, (_, prefix) in ALLOCATORS.items() if prefix != "none")
             raise ValueError(f"cost_reference={self.cost_reference!r} must be a tree allocator: {tree_allocators}")
@@ -377,28 +382,3 @@ class TrainConfig:
             hint = " or set max_roots_per_prompt" if root_rule == "trace" and most == largest * per_root else ""
             raise ValueError(f"train.chunk_slots={self.chunk_slots} cannot hold {what} = {most} slots; raise "
                              f"chunk_slots to at least {most}{hint}")
-
-
-@dataclasses.dataclass(frozen=True)
-class CompareConfig:
-    """`trace-jax compare`: each method trained with each seed from one base policy, at equal cost.
-
-    Methods: see `trace_jax.compare.methods` (allocators, the grpo_matched control, "<method>@<M>x<N>").
-    Run k uses seed train.seed + k for every method: the same prompts, warm-up and evaluation keys.
-    """
-
-    train: TrainConfig = TrainConfig()  # the settings every method shares (its allocator fields are set per method)
-    # allocators and controls, e.g. trace, grpo, grpo_matched, trace@32x6
-    methods: tuple[str, ...] = ("trace", "grpo", "grpo_matched", "uniform_tree", "random_tree", "pcl")
-    seeds: int = 3  # runs per method, seeds train.seed, train.seed + 1, ...
-    out_dir: str = "runs/compare"  # runs/<method>/seed<s>, summary.json, results.md, PNGs
-
-    def __post_init__(self) -> None:
-        from trace_jax.compare.methods import parse_methods
-
-        _require_positive(self, "compare", ("seeds",))
-        parse_methods(self.methods)
-        if self.train.env != "hopworld":
-            raise ValueError(f"compare runs on HopWorld only (its shared start builds the HopWorld base, warm-up and "
-                             f"evaluation), got train.env={self.train.env!r}; train search QA methods one by one "
-                             "with `trace-jax train`")

@@ -9,7 +9,8 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from trace_jax.config import CompareConfig, SFTConfig, TrainConfig
+from trace_jax.compare.config import CompareConfig
+from trace_jax.config import SFTConfig, TrainConfig
 
 COMMANDS = (("trace-jax train", TrainConfig), ("trace-jax sft", SFTConfig), ("trace-jax compare", CompareConfig))
 _FIELD = re.compile(r"^\s+(\w+): [^=#]+(=.*?)?(?:  # (.*))?$")

@@ -113,31 +113,33 @@ def plot_tree(tree: Tree, prompt: int, path: str | Path) -> Path:
 def show_run_tree(run_dir: str | Path, step: int | None = None, prompt: int | None = None,
                   out: str | Path | None = None) -> tuple[str, Path]:
     """(text, PNG path) of the tree a finished run's final policy grows on step `step`'s pool and key (default:
-    the last step) with the run's allocator and budgets; `prompt` defaults to the opened prompt with most leaves."""
+    the last step) with the run's allocator and budgets, on the run's task family; `prompt` defaults to the opened
+    prompt with most leaves."""
     import jax
 
-    from trace_jax.checkpoints import load_model
     from trace_jax.config import TrainConfig, load_config
-    from trace_jax.data.loader import hopworld_loader
-    from trace_jax.envs.hopworld import build_world
-    from trace_jax.envs.hopworld.env import HopWorldEnv
-    from trace_jax.rollout.expand import expand_tree
+    from trace_jax.envs.registry import check_family
+    from trace_jax.rollout.schedule import expand_scheduled
     from trace_jax.train.checkpoint import newest_meta, run_checkpoints_dir
-    from trace_jax.train.loop import Budget, pool_of, step_spec
+    from trace_jax.train.loop import Budget, step_spec
 
     run = Path(run_dir)
-    if not (run / "policy").exists():
-        raise FileNotFoundError(f"{run} holds no finished run (no {run / 'policy'}); pass a `trace-jax train` out_dir")
+    if not (run / "config.yaml").is_file():
+        raise FileNotFoundError(f"{run} holds no run (no config.yaml); pass a `trace-jax train` out_dir")
     cfg = load_config(TrainConfig, run / "config.yaml")
+    family = check_family(cfg)
+    if not (run / family.policy_dir).exists():
+        raise FileNotFoundError(f"{run} holds no finished run (no {run / family.policy_dir}); pass a `trace-jax "
+                                "train` out_dir")
     _, meta = newest_meta(run_checkpoints_dir(dataclasses.replace(cfg, out_dir=str(run))))  # its budget (a moved run)
-    spec = step_spec(cfg, Budget(meta["roots"], meta["continuations"], meta["group_size"]))
     step = cfg.steps if step is None else step
     if step < 1:
         raise ValueError(f"--step must be >= 1, got {step}")
-    pool = pool_of(hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed).batch(step - 1))
-    tree, _, _ = expand_tree(load_model(run / "policy"), HopWorldEnv(build_world(cfg.world), cfg.world), pool,
-                             jax.random.fold_in(jax.random.key(cfg.seed), step), plan=spec.plan,
-                             sampling=spec.sampling, pad_id=spec.pad_id)
+    task = family.setup(cfg)
+    spec = step_spec(cfg, Budget(meta["roots"], meta["continuations"], meta["group_size"]), task.pad_id)
+    tree, _, _, _ = expand_scheduled(task.load_policy(run / family.policy_dir), task.env, task.pool(step, None),
+                                     jax.random.fold_in(jax.random.key(cfg.seed), step), plan=spec.plan,
+                                     sampling=spec.sampling, pad_id=spec.pad_id, host=task.host)
     tree = jax.device_get(tree)
     if prompt is None:
         counts = np.bincount(np.asarray(tree.prompt)[np.asarray(tree.used)], minlength=cfg.pool_size)

@@ -14,7 +14,8 @@ from transformers import Qwen3ForCausalLM
 
 from tiny_qwen3 import write_tiny_qwen3
 from trace_jax.envs.search_qa.config import SearchQAConfig
-from trace_jax.models import ModelConfig, Policy, from_pretrained, save_pretrained, with_predictor_layers
+from trace_jax.models import ModelConfig, Policy, with_predictor_layers
+from trace_jax.models.hf_io import from_pretrained, save_pretrained
 
 
 def _params(model) -> dict:

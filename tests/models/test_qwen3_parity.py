@@ -4,8 +4,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from trace_jax.models import KVCache, Policy, from_pretrained
+from trace_jax.models import KVCache, Policy
 from trace_jax.models.decode import decode_step, greedy_generate, prefill
+from trace_jax.models.hf_io import from_pretrained
 from trace_jax.models.jit import jit_with_model
 
 TOL = 1e-4  # float32 max |diff| of logits

@@ -22,7 +22,7 @@ def test_trace_steps_a_dead_retriever_resume_evaluation_and_export(kit, serve, t
     torch = pytest.importorskip("torch")
     from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-    from trace_jax.models import from_pretrained
+    from trace_jax.models.hf_io import from_pretrained
 
     run = tmp_path / "run"
     url, searcher = serve(fail_when=lambda: (run / "checkpoints" / "1").is_dir())  # dies after step 1 is saved
@@ -73,10 +73,31 @@ def test_trace_steps_a_dead_retriever_resume_evaluation_and_export(kit, serve, t
 def test_the_run_loads_its_policy_in_search_qa_dtype(kit):
     """`search_qa.dtype` reaches the run's policy: float32 weights computing in bfloat16 (mixed precision)."""
     from trace_jax.config import TrainConfig, load_config
-    from trace_jax.train.search_qa import load_policy
+    from trace_jax.envs.search_qa.family import load_policy
 
     cfg = load_config(TrainConfig, "configs/searchqa_tiny.yaml",
                       [f"search_qa.policy_dir={kit / 'policy'}", "search_qa.dtype=bfloat16", "predictor_layers=1"])
     model = load_policy(cfg)
     assert (model.cfg.param_dtype, model.cfg.dtype, model.cfg.predictor_layers) == ("float32", "bfloat16", 1)
     assert model.layers[0].mlp.up_proj[...].dtype == model.predictor[0].mlp.up_proj[...].dtype == np.float32
+
+
+def test_compare_on_the_tiny_kit_writes_the_results_folder_hopworld_writes(kit, serve, tmp_path):
+    """`compare` runs every task family: on search QA through the live retriever, the shared warm-up, the methods at
+    equal cost and the summary read at equal tokens from its success metric (EM averaged over datasets). The folder
+    holds what a HopWorld comparison writes (tests/test_compare.py), but the reliability plot: search QA's evaluation
+    logs no V~ reliability."""
+    url, searcher = serve()
+    out = tmp_path / "compare"
+    train = [f"train.{a}" for a in args(kit, tmp_path, url, "steps=1", "eval_every=1")[2:]]
+    assert main(["compare", *train, "train.env=search_qa", "train.search_qa.max_turns=3",
+                 "train.search_qa.action_len=32", "train.search_qa.obs_len=64", "train.search_qa.prompt_len=160",
+                 "seeds=1", "methods=[trace,grpo]", f"out_dir={out}"]) == 0
+    assert {"summary.json", "results.md", "success_vs_tokens.png", "effective_ratio.png", "budget.png"} <= {
+        p.name for p in out.iterdir()}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["success_metric"] == "eval/average/em" and set(summary["methods"]) == {"trace", "grpo"}
+    trace, grpo = (read_metrics(out / "runs" / m / "seed0") for m in ("trace", "grpo"))
+    assert trace[0]["eval/average/em"] == grpo[0]["eval/average/em"]  # one shared start, evaluated once
+    assert trace[1]["continuations"] > 0 and grpo[1]["continuations"] == 0 and searcher.queries > 0
+    assert (out / "runs" / "trace" / "seed0" / "hf" / "config.json").is_file()

@@ -21,9 +21,10 @@ from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import expand_tree
 from trace_jax.rollout.host import rollout_host_chunk
 from trace_jax.rollout.tree import Tree
-from trace_jax.train.chunked import ChunkedStep, make_step
+from trace_jax.train.chunked import ChunkedStep
 from trace_jax.train.loop import warm_up
 from trace_jax.train.step import StepSpec, TrainState, make_optimizer, tree_grads, tree_metrics
+from trace_jax.train.steps import make_step
 
 N = 2
 
@@ -139,8 +140,8 @@ def test_chunked_step_equals_the_whole_step():
                                           "warmup.fit_steps=20", "max_roots_per_prompt=4", "refill_slots=0"])
     pools = lambda i: question_pool(env, np.arange(8 * i, 8 * i + 8))
     fresh = lambda: nnx.merge(graphdef, jax.tree.map(jnp.copy, trained_policy_state()[1]))  # params was donated
-    report = warm_up(cfg, fresh(), env, pools)
-    chunked = warm_up(dataclasses.replace(cfg, chunk_slots=12), fresh(), env, pools)
+    report = warm_up(cfg, fresh(), env, pools, protocol.PAD)
+    chunked = warm_up(dataclasses.replace(cfg, chunk_slots=12), fresh(), env, pools, protocol.PAD)
     assert report.keys() == chunked.keys()
     for k, v in report.items():
         np.testing.assert_allclose(chunked[k], v, atol=1e-5, err_msg=k)

@@ -360,11 +360,12 @@ def test_packing_options(state):
     with pytest.raises(ValueError, match="train.pack_len=500 must be a multiple of train.pack_block=16"):
         load_config(TrainConfig, None, ["pack_rows=6", "pack_len=500"])
     cfg = load_config(TrainConfig, None, ["pack_rows=6", "pack_len=512", "pack_block=32"])
-    spec = step_spec(cfg, Budget(cfg.roots, cfg.continuations, cfg.group_size))
+    spec = step_spec(cfg, Budget(cfg.roots, cfg.continuations, cfg.group_size), protocol.PAD)
     assert (spec.pack_rows, spec.pack_len, spec.pack_block) == (6, 512, 32)  # what `trace-jax train` runs
     default = TrainConfig()
-    assert (step_spec(default, Budget(8, 2, 4)).pack_rows, default.pack_len) == (1, 0)  # this CPU, no mesh
-    assert step_spec(dataclasses.replace(default, pack_rows=0), Budget(8, 2, 4)).pack_rows == 0
+    spec = step_spec(default, Budget(8, 2, 4), protocol.PAD)
+    assert (spec.pack_rows, default.pack_len) == (1, 0)  # this CPU, no mesh
+    assert step_spec(dataclasses.replace(default, pack_rows=0), Budget(8, 2, 4), protocol.PAD).pack_rows == 0
     graphdef, params, _ = state
     tokens = jnp.arange(6, dtype=jnp.int32)[None] + 3
     every = jnp.arange(6)[None, None]  # [rows, blocks, seen]: one block seeing the whole row

@@ -13,8 +13,8 @@ from trace_jax.envs.hopworld import protocol
 from trace_jax.evaluate import question_pool
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.sharding import init_policy
-from trace_jax.train.chunked import make_step
 from trace_jax.train.step import StepSpec, TrainState, build_step, build_update, make_optimizer
+from trace_jax.train.steps import make_step
 
 PLAN = Plan(Allocator("trace"), roots=8, continuations=2)
 

@@ -27,14 +27,15 @@ from trace_jax.cli import main
 from trace_jax.config import MeshConfig, TrainConfig, load_config
 from trace_jax.data.hopworld_tfds import build_dataset
 from trace_jax.data.loader import hopworld_loader
-from trace_jax.envs.hopworld import build_world
+from trace_jax.envs.hopworld import build_world, protocol
+from trace_jax.envs.hopworld import family as hopworld
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.rollout.engine import TurnSpec, max_len
 from trace_jax.train import loop
 from trace_jax.train.checkpoint import check_resume_config, newest_meta
-from trace_jax.train.chunked import make_step
-from trace_jax.train.loop import Budget, pool_of, refill_rows, step_spec, train
+from trace_jax.train.loop import Budget, refill_rows, step_spec, train
 from trace_jax.train.step import TrainState, apply_update, build_step, make_optimizer
+from trace_jax.train.steps import make_step
 
 pytestmark = pytest.mark.all_devices  # runs on the 8 host devices' mesh: sharded steps, checkpoints and resume
 
@@ -91,7 +92,7 @@ def setup_step(cfg: TrainConfig, mesh=None):
     env = HopWorldEnv(build_world(cfg.world), cfg.world)
     build_dataset(cfg.data_dir, cfg.world)
     loader = hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed)
-    spec = step_spec(cfg, Budget(cfg.roots, cfg.continuations, cfg.group_size), mesh=mesh)
+    spec = step_spec(cfg, Budget(cfg.roots, cfg.continuations, cfg.group_size), protocol.PAD, mesh)
     return build_step(graphdef, tx, spec), state, env, loader
 
 
@@ -99,7 +100,7 @@ def test_multi_step_run_compiles_once(run_dirs):
     cfg = config(run_dirs)
     step_fn, state, env, loader = setup_step(cfg)
     for step in range(3):
-        state, metrics = step_fn(state, env, pool_of(loader.batch(step)), jax.random.key(step))
+        state, metrics = step_fn(state, env, hopworld.pool_of(loader.batch(step)), jax.random.key(step))
     assert step_fn._cache_size() == 1
     assert int(state.step) == 3
     assert metrics["leaves"] > 0 and np.isfinite(float(metrics["loss"]))
@@ -117,7 +118,7 @@ def test_sharded_step_matches_single_device(run_dirs):
     # devices synchronously (16 rows >= 8 slots): this also checks the refilled step against the synchronous one
     assert refill_rows(cfg) == 4 and refill_rows(cfg, mesh) == 16
     assert len(jax.tree.leaves(state_sh.params)[0].sharding.device_set) > 1
-    pool = pool_of(loader.batch(0))
+    pool = hopworld.pool_of(loader.batch(0))
     new, metrics = step_fn(state, env, pool, jax.random.key(0))
     new_sh, metrics_sh = step_sh(state_sh, env, pool, jax.random.key(0))
     for key in ("reward", "loss", "predictor_loss", "generated_tokens", "effective_ratio"):
@@ -235,13 +236,13 @@ def test_resume_with_nothing_to_resume_fails_before_any_work(tmp_path, monkeypat
 def test_a_missing_base_policy_is_built_only_where_it_can_be_loaded(tmp_path, monkeypatch):
     """SFT saves into <its out_dir>/checkpoints, so a missing init_checkpoint not named so would be built beside
     it and then not found; it is refused before any SFT step, naming the path to set."""
-    monkeypatch.setattr(loop, "run_sft", lambda cfg: pytest.fail("SFT ran"))
+    monkeypatch.setattr(hopworld, "run_sft", lambda cfg: pytest.fail("SFT ran"))
     with pytest.raises(FileNotFoundError, match=f"set init_checkpoint={tmp_path / 'my_base' / 'checkpoints'}"):
-        loop.base_policy(load_config(TrainConfig, None, [f"init_checkpoint={tmp_path / 'my_base'}"]))
+        hopworld.base_policy(load_config(TrainConfig, None, [f"init_checkpoint={tmp_path / 'my_base'}"]))
     built = []
-    monkeypatch.setattr(loop, "run_sft", lambda cfg: built.append(cfg.out_dir) or save_model(
+    monkeypatch.setattr(hopworld, "run_sft", lambda cfg: built.append(cfg.out_dir) or save_model(
         Path(cfg.out_dir, "checkpoints"), 0, shd.init_policy(TINY, seed=0)))
-    loop.base_policy(load_config(TrainConfig, None, [f"init_checkpoint={tmp_path / 'my_base' / 'checkpoints'}"]))
+    hopworld.base_policy(load_config(TrainConfig, None, [f"init_checkpoint={tmp_path / 'my_base' / 'checkpoints'}"]))
     assert built == [str(tmp_path / "my_base")]
 
 
@@ -292,9 +293,10 @@ def test_equal_cost_probes_the_cost_reference_allocator(tmp_path):
     for reference in ("trace", "uniform_tree", "random_tree"):
         cfg = config(tmp_path, "allocator=pcl", "roots=4", "continuations=2", "pool_size=8",
                      f"cost_reference={reference}")
-        assert equal_cost_budget(cfg, probe) == (10, 0, 2)  # 600 tokens at 240 / 4 = 60 a root: 10 roots
+        assert equal_cost_budget(cfg, probe, protocol.PAD) == (10, 0, 2)  # 600 tokens at 240 / 4 = 60 a root: 10 roots
         assert asked[-1] == (reference, 4, 2)
-        assert equal_cost_budget(dataclasses.replace(cfg, match_group_size=True), probe) == (8, 0, 4)  # 12 / 3
+        matched = dataclasses.replace(cfg, match_group_size=True)
+        assert equal_cost_budget(matched, probe, protocol.PAD) == (8, 0, 4)  # 12 / 3
     with pytest.raises(ValueError, match="cost_reference='grpo' must be a tree allocator"):
         config(tmp_path, "cost_reference=grpo")
 
@@ -306,19 +308,20 @@ def test_equal_cost_budgets_for_prefix_free_allocators(run_dirs):
     _, state, env, loader = setup_step(config(run_dirs))
     graphdef = nnx.graphdef(shd.init_policy(TINY, seed=0))
     tx = make_optimizer(cfg.learning_rate, cfg.max_grad_norm)
-    pool = pool_of(hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed).batch(0))
+    pool = hopworld.pool_of(hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed).batch(0))
     # the probes below all run the trace 4x2 reference step: `make_step` builds it once per spec, as `train` does
     probe = lambda spec: make_step(graphdef, tx, spec)(jax.tree.map(jnp.copy, state), env, pool,
                                                        jax.random.key(cfg.seed + 1))[1]
-    assert equal_cost_budget(dataclasses.replace(cfg, equal_cost="leaves"), probe) == (12, 0, 2)
-    assert equal_cost_budget(dataclasses.replace(cfg, equal_cost="none"), probe) == (4, 0, 2)  # M as configured
-    roots, n, g = equal_cost_budget(cfg, probe)
+    assert equal_cost_budget(dataclasses.replace(cfg, equal_cost="leaves"), probe, protocol.PAD) == (12, 0, 2)
+    unmatched = dataclasses.replace(cfg, equal_cost="none")
+    assert equal_cost_budget(unmatched, probe, protocol.PAD) == (4, 0, 2)  # M as configured
+    roots, n, g = equal_cost_budget(cfg, probe, protocol.PAD)
     # continuations start mid-episode: matching tokens costs fewer extra roots than matching leaves
     assert n == 0 and g == cfg.group_size and roots % g == 0 and cfg.roots <= roots <= 12
     tree_cfg = config(run_dirs, "allocator=trace", "roots=4", "continuations=2", "pool_size=8")
-    assert equal_cost_budget(tree_cfg, probe) == (4, 2, 2)
+    assert equal_cost_budget(tree_cfg, probe, protocol.PAD) == (4, 2, 2)
     # the matched-group control: G = the reference tree's leaves per opened prompt (same probe key)
-    tree = probe(step_spec(tree_cfg, Budget(4, 2, 2)))
-    roots, n, g = equal_cost_budget(dataclasses.replace(cfg, match_group_size=True), probe)
+    tree = probe(step_spec(tree_cfg, Budget(4, 2, 2), protocol.PAD))
+    roots, n, g = equal_cost_budget(dataclasses.replace(cfg, match_group_size=True), probe, protocol.PAD)
     assert g == round(float(tree["leaves"]) / float(tree["prompts"])) and g != cfg.group_size
     assert n == 0 and roots % g == 0

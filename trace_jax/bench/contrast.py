@@ -34,9 +34,7 @@ import optax
 from flax import nnx
 
 from trace_jax.config import TrainConfig
-from trace_jax.data.hopworld_tfds import build_dataset
-from trace_jax.envs.hopworld import build_world, protocol
-from trace_jax.envs.hopworld.env import HopWorldEnv
+from trace_jax.envs.hopworld import protocol
 from trace_jax.envs.hopworld.world import World
 from trace_jax.evaluate import rollout_questions, success_by_hops
 from trace_jax.models.qwen3 import Policy, with_predictor_layers
@@ -236,17 +234,18 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
     """The figures above as a dict: success_hop{h}, mixed_at_group, auc_question_mean, auc_hop_rate,
     prefix_auc_state, prefix_nodes, auc_head and prefix_auc_head (after the warm-up; absent when warmup is False), and
     `probe_report`'s prefix_auc_probe_* and `tower_report`'s figures after tower_steps minibatches (probes: True)."""
-    from trace_jax.train.loop import base_policy, held_out_questions, rollout_sampling, split_question_ids, warm_up
+    from trace_jax.envs.hopworld.family import HopWorldTask, base_policy, split_question_ids
+    from trace_jax.train.loop import rollout_sampling, warm_up
     from trace_jax.train.warmup import read_hidden
 
     if samples < group + 1 or group < 2:
         raise ValueError(f"need group >= 2 and samples >= group + 1 (one held-out episode), got group={group}, "
                          f"samples={samples}")
-    build_dataset(cfg.data_dir, cfg.world)
-    env = HopWorldEnv(build_world(cfg.world), cfg.world)
+    task = HopWorldTask(cfg)
+    env = task.env
     base = base_policy(cfg)
     model = with_predictor_layers(base, cfg.predictor_layers)
-    questions = held_out_questions(cfg)
+    questions = task.questions
     sampling = rollout_sampling(cfg)
     tree = rollout_questions(model, env, np.repeat(questions, samples), cfg.eval_batch, jax.random.key(cfg.seed + 11),
                              sampling)
@@ -273,7 +272,7 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
         out |= {f"{k}_train_split": v for k, v in wide.items()}
         out["tower_train_questions"] = len(train_q)
     if warmup and cfg.warmup.batches:
-        warm_up(cfg, model, env)
+        warm_up(cfg, model, env, lambda i: task.warmup_pool(i, None), task.pad_id)
         rows = np.arange(len(questions)) * samples + samples - 1  # each question's held-out episode
         reads, b = np.asarray(tree.read_positions())[rows], cfg.eval_batch
         v = np.concatenate([np.asarray(model.success_from_hidden(read_hidden(model, tree.tokens[rows[i:i + b]],

@@ -29,7 +29,8 @@ from trace_jax.envs.hopworld import HopWorldConfig, build_world, protocol
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.evaluate import question_pool
 from trace_jax.memory.plan import PRESETS
-from trace_jax.models import ModelConfig, Policy, from_pretrained, save_pretrained
+from trace_jax.models import ModelConfig, Policy
+from trace_jax.models.hf_io import from_pretrained, save_pretrained
 from trace_jax.models.jit import jit_with_model
 from trace_jax.models.qwen3 import matmul
 from trace_jax.rollout import expand as ex

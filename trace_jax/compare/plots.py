@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from trace_jax.compare.summary import run_curves
+from trace_jax.compare.summary import SUCCESS, run_curves
 from trace_jax.metrics import plot_reliability, read_metrics
 from trace_jax.train.loop import ALLOCATION_FILE, RELIABILITY_FILE
 
@@ -33,7 +33,9 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 def plot_comparison(out_dir: str | Path, methods: Sequence[str], seeds: Sequence[int], summary: dict) -> list[Path]:
-    """Writes success_vs_tokens.png, effective_ratio.png, reliability.png and budget.png into out_dir."""
+    """Writes success_vs_tokens.png, effective_ratio.png, reliability.png (where the runs log V~'s reliability)
+    and budget.png into out_dir; test success is the summary's success_metric."""
+    metric = summary.get("success_metric", SUCCESS)
     out = Path(out_dir)
     runs = {m: {s: out / "runs" / m / f"seed{s}" for s in seeds} for m in methods}
     metrics = {m: {s: read_metrics(d) for s, d in r.items()} for m, r in runs.items()}
@@ -43,11 +45,11 @@ def plot_comparison(out_dir: str | Path, methods: Sequence[str], seeds: Sequence
     ax = fig.subplots()
     grid = np.linspace(0.0, summary["tokens_at"], 50)
     for m in methods:
-        curves = [run_curves(rows) for rows in metrics[m].values()]
+        curves = [run_curves(rows, metric) for rows in metrics[m].values()]
         _band(ax, grid, np.stack([np.interp(grid, c["eval_tokens"], c["eval_success"]) for c in curves]), m)
         for c in curves:
             ax.scatter(c["eval_tokens"], c["eval_success"], s=8, color=ax.lines[-1].get_color(), alpha=0.5)
-    ax.set(xlabel="cumulative generated policy tokens", ylabel="test success", xlim=(0, None),
+    ax.set(xlabel="cumulative generated policy tokens", ylabel=f"test success ({metric})", xlim=(0, None),
            title=f"test success at equal cost\n(band: {band}; dots: evaluations)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -66,17 +68,18 @@ def plot_comparison(out_dir: str | Path, methods: Sequence[str], seeds: Sequence
         ax.legend(fontsize=8)
     paths.append(_save(fig, out / "effective_ratio.png"))
 
-    panels: dict[str, dict] = {"root V~ (test, last evaluation)": {}, "prefix V~ (test, last evaluation)": {}}
-    for m in methods:
-        last = [_jsonl(d / RELIABILITY_FILE)[-1] for d in runs[m].values()]
-        for name, title in zip(("root", "prefix"), panels):
-            count = np.sum([b[name]["count"] for b in last], 0)
-            w = np.maximum(count, 1e-12)
-            panels[title][m] = {"count": count, "pred": np.sum([np.multiply(b[name]["pred"], b[name]["count"])
-                                                                 for b in last], 0) / w,
-                                "target": np.sum([np.multiply(b[name]["target"], b[name]["count"])
-                                                  for b in last], 0) / w}
-    paths.append(plot_reliability(panels, out / "reliability.png"))
+    if all((d / RELIABILITY_FILE).exists() for r in runs.values() for d in r.values()):  # V~ reliability logged
+        panels: dict[str, dict] = {"root V~ (test, last evaluation)": {}, "prefix V~ (test, last evaluation)": {}}
+        for m in methods:
+            last = [_jsonl(d / RELIABILITY_FILE)[-1] for d in runs[m].values()]
+            for name, title in zip(("root", "prefix"), panels):
+                count = np.sum([b[name]["count"] for b in last], 0)
+                w = np.maximum(count, 1e-12)
+                panels[title][m] = {"count": count, "pred": np.sum([np.multiply(b[name]["pred"], b[name]["count"])
+                                                                     for b in last], 0) / w,
+                                    "target": np.sum([np.multiply(b[name]["target"], b[name]["count"])
+                                                      for b in last], 0) / w}
+        paths.append(plot_reliability(panels, out / "reliability.png"))
 
     fig = Figure(figsize=(11, 4), layout="constrained")
     axes = fig.subplots(1, 2)

@@ -11,15 +11,15 @@ from flax import nnx
 
 from trace_jax import sharding as shd
 from trace_jax.checkpoints import save_model
+from trace_jax.compare.config import CompareConfig
 from trace_jax.compare.methods import check_fair, method_config, parse_methods
 from trace_jax.compare.plots import plot_comparison
 from trace_jax.compare.summary import markdown_table, summarize
-from trace_jax.config import CompareConfig, TrainConfig, WarmupConfig, from_dict, to_dict
-from trace_jax.data.hopworld_tfds import build_dataset
-from trace_jax.envs.hopworld import build_world
-from trace_jax.envs.hopworld.env import HopWorldEnv
+from trace_jax.config import TrainConfig, WarmupConfig, from_dict, to_dict
+from trace_jax.envs.family import Evaluation
+from trace_jax.envs.registry import check_family
 from trace_jax.train.checkpoint import newest_meta, run_checkpoints_dir
-from trace_jax.train.loop import Evaluation, base_policy, evaluate, held_out_questions, placed, train, warm_up
+from trace_jax.train.loop import placed, train, warm_up
 
 
 def run_dir(out_dir: str | Path, method: str, seed: int) -> Path:
@@ -52,22 +52,20 @@ def _has_checkpoint(cfg: TrainConfig) -> bool:
 
 
 def shared_start(cfg: TrainConfig, out_dir: Path) -> tuple[Path, Evaluation]:
-    """The base policy with its head warmed up under `cfg` (seed included), saved once in out_dir, and its
+    """The family's base policy with its head warmed up under `cfg` (seed included), saved once in out_dir, and its
     step-0 evaluation (every method starts from it with the same evaluation keys): (checkpoint, evaluation)."""
     path = out_dir / "checkpoints"
     if not finished(out_dir, cfg, "step0_eval.json"):
-        build_dataset(cfg.data_dir, cfg.world)
-        env = HopWorldEnv(build_world(cfg.world), cfg.world)
-        model = base_policy(cfg)
-        report = warm_up(cfg, model, env)
+        task = check_family(cfg).setup(cfg)
+        mesh = shd.make_mesh(cfg.mesh)
+        model = task.base_policy(mesh)
+        report = warm_up(cfg, model, task.env, lambda i: task.warmup_pool(i, mesh), task.pad_id, host=task.host)
         save_model(path, 0, model)
         (out_dir / "warmup.json").write_text(json.dumps(report, indent=1))
-        questions = held_out_questions(cfg)
         (out_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-        model = nnx.merge(*placed(model, shd.make_mesh(cfg.mesh)))  # evaluated as `train` would, with its program
-        (out_dir / "step0_eval.json").write_text(json.dumps(evaluate(model, env, questions, cfg, 0)))  # last: done
-    scores, bins = json.loads((out_dir / "step0_eval.json").read_text())
-    return path, (scores, bins)
+        model = nnx.merge(*placed(model, mesh))  # evaluated as `train` would, with its program
+        (out_dir / "step0_eval.json").write_text(json.dumps(task.evaluate(model, 0, mesh).as_json()))  # last: done
+    return path, Evaluation.from_json(json.loads((out_dir / "step0_eval.json").read_text()))
 
 
 def compare(ccfg: CompareConfig) -> dict:
@@ -78,6 +76,7 @@ def compare(ccfg: CompareConfig) -> dict:
     (out / "compare.yaml").write_text(yaml.safe_dump(to_dict(ccfg), sort_keys=False))
     methods = parse_methods(ccfg.methods)
     seeds = [ccfg.train.seed + k for k in range(ccfg.seeds)]
+    family = check_family(ccfg.train)
     for seed in seeds:
         base = dataclasses.replace(ccfg.train, seed=seed)
         init, step0 = shared_start(base, out / "warmup" / f"seed{seed}")
@@ -86,13 +85,13 @@ def compare(ccfg: CompareConfig) -> dict:
                                     warmup=WarmupConfig(batches=0)) for m in methods}
         check_fair(configs)
         for m, cfg in configs.items():
-            if finished(Path(cfg.out_dir), cfg, "policy"):
+            if finished(Path(cfg.out_dir), cfg, family.policy_dir):
                 print(f"compare: {m} seed {seed} already finished in {cfg.out_dir}; reusing it")
                 continue
             partial = _has_checkpoint(cfg)  # a run stopped midway (preempted): continue it
             print(f"compare: {m}, seed {seed}" + (" (resuming its newest checkpoint)" if partial else ""))
-            train(cfg, resume=partial, step0_eval=step0)
-    summary = summarize(out, methods, seeds)
+            train(cfg, resume=partial, step0_eval=step0, start=init)
+    summary = summarize(out, methods, seeds, family.success_metric)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "results.md").write_text(markdown_table(summary))
     plots = plot_comparison(out, methods, seeds, summary)

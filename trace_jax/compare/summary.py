@@ -30,27 +30,28 @@ COLUMNS = {
     "eval_root_auc": ("root AUC (test, end)", "{:.3f}"),
     "eval_root_ece": ("root ECE (test, end)", "{:.3f}"),
 }
+SUCCESS = "eval/success"  # the test success key a family's evaluation logs, unless it names another (`Family`)
 STEP_MEANS = ("effective_ratio", "solve_none", "solve_all", "generated_tokens", "leaves", "prompts", "root_auc",
               "prefix_auc")
 
 
-def run_curves(rows: Sequence[dict]) -> dict[str, np.ndarray]:
+def run_curves(rows: Sequence[dict], metric: str = SUCCESS) -> dict[str, np.ndarray]:
     """Per step (step 0 first): step [K+1], cumulative generated tokens [K+1]; and evaluations: eval_step [E],
-    eval_tokens [E] (cumulative tokens at each evaluation), eval_success [E]."""
+    eval_tokens [E] (cumulative tokens at each evaluation), eval_success [E] (the family's test success `metric`)."""
     steps = sorted((r for r in rows if r["step"] > 0), key=lambda r: r["step"])
     tokens = np.concatenate([[0.0], np.cumsum([r["generated_tokens"] for r in steps])])
     step = np.array([0] + [r["step"] for r in steps])
-    evals = sorted((r for r in rows if r.get("eval/success") is not None), key=lambda r: r["step"])
+    evals = sorted((r for r in rows if r.get(metric) is not None), key=lambda r: r["step"])
     eval_step = np.array([r["step"] for r in evals])
     return {"step": step, "tokens": tokens, "eval_step": eval_step, "eval_tokens": np.interp(eval_step, step, tokens),
-            "eval_success": np.array([r["eval/success"] for r in evals])}
+            "eval_success": np.array([r[metric] for r in evals])}
 
 
-def run_stats(rows: Sequence[dict], tokens_at: float) -> dict[str, float]:
-    """One run's statistics (COLUMNS) with test success read at `tokens_at` cumulative tokens."""
-    c = run_curves(rows)
+def run_stats(rows: Sequence[dict], tokens_at: float, metric: str = SUCCESS) -> dict[str, float]:
+    """One run's statistics (COLUMNS) with test success (`metric`) read at `tokens_at` cumulative tokens."""
+    c = run_curves(rows, metric)
     steps = [r for r in rows if r["step"] > 0]
-    last_eval = max((r for r in rows if r.get("eval/success") is not None), key=lambda r: r["step"])
+    last_eval = max((r for r in rows if r.get(metric) is not None), key=lambda r: r["step"])
     out = {"success_at_tokens": float(np.interp(tokens_at, c["eval_tokens"], c["eval_success"])),
            "success_start": float(c["eval_success"][0]), "success_end": float(c["eval_success"][-1]),
            "eval_root_auc": last_eval.get("eval/root_auc"), "eval_root_ece": last_eval.get("eval/root_ece")}
@@ -64,18 +65,21 @@ def run_stats(rows: Sequence[dict], tokens_at: float) -> dict[str, float]:
     return out
 
 
-def summarize(out_dir: str | Path, methods: Sequence[str], seeds: Sequence[int]) -> dict:
+def summarize(out_dir: str | Path, methods: Sequence[str], seeds: Sequence[int], metric: str = SUCCESS) -> dict:
     """{"tokens_at": T*, "seeds": [...], "methods": {m: {"runs": {seed: stats}, "mean": {...}, "std": {...}}}}
-    from out_dir/runs/<method>/seed<s>/metrics.jsonl; std is the sample std over seeds (0 for one seed)."""
+    from out_dir/runs/<method>/seed<s>/metrics.jsonl, test success read from `metric` (the task family's
+    `success_metric`); std is the sample std over seeds (0 for one seed)."""
     raw = {(m, s): read_metrics(Path(out_dir) / "runs" / m / f"seed{s}") for m in methods for s in seeds}
     for (m, s), rows in raw.items():
-        if not any(r.get("eval/success") is not None for r in rows):
-            raise ValueError(f"{Path(out_dir) / 'runs' / m / f'seed{s}'}: no test evaluation (eval/success) in its "
+        if not any(r.get(metric) is not None for r in rows):
+            raise ValueError(f"{Path(out_dir) / 'runs' / m / f'seed{s}'}: no test evaluation ({metric}) in its "
                              "metrics.jsonl, so it cannot be compared; run the comparison again to finish it")
     tokens_at = min(float(run_curves(rows)["tokens"][-1]) for rows in raw.values())
     result = {"tokens_at": tokens_at, "seeds": list(seeds), "methods": {}}
+    if metric != SUCCESS:
+        result["success_metric"] = metric
     for m in methods:
-        runs = {str(s): run_stats(raw[m, s], tokens_at) for s in seeds}
+        runs = {str(s): run_stats(raw[m, s], tokens_at, metric) for s in seeds}
         mean, std = {}, {}
         for key in COLUMNS:
             values = np.array([r[key] for r in runs.values() if r[key] is not None], float)

@@ -18,8 +18,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import tensorflow_datasets as tfds
 
+from trace_jax.envs.search_qa.config import DATASETS
+
 NAME = "search_qa"
-DATASETS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 SPLITS = ("train", "dev", "test")
 FORMATS = ("jsonl", "parquet")
 

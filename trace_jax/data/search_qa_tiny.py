@@ -29,7 +29,8 @@ from transformers import PreTrainedTokenizerFast
 from trace_jax.envs.search_qa.config import SearchQAConfig
 from trace_jax.envs.search_qa.env import INSTRUCTION, SearchQAEnv, prompt_ids
 from trace_jax.envs.search_qa.protocol import INVALID_OBSERVATION
-from trace_jax.models import ModelConfig, Policy, save_pretrained
+from trace_jax.models import ModelConfig, Policy
+from trace_jax.models.hf_io import save_pretrained
 from trace_jax.retrieval.bm25 import Bm25Index, build_index
 from trace_jax.sft import train_step as sft_step
 from trace_jax.sharding import init_policy

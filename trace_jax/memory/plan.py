@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 
 from jax.sharding import Mesh
 
 from trace_jax.config import TrainConfig
+from trace_jax.envs.registry import get_family
 from trace_jax.memory.terms import StepShape, step_bytes
 from trace_jax.models.config import ModelConfig
 
@@ -47,22 +47,10 @@ PRESETS = {
 
 
 def model_of(cfg: TrainConfig, preset: str | None = None) -> tuple[ModelConfig, str]:
-    """(the policy's dims, where they come from). HopWorld: sft.model. Search QA: <policy_dir>/config.json with
-    float32 params computing in search_qa.dtype, as the run loads it; `preset` names PRESETS dims to use when that
-    file is absent."""
-    if cfg.env == "hopworld":  # the run adds the predictor's own layers
-        return dataclasses.replace(cfg.sft.model, predictor_layers=cfg.predictor_layers), "sft.model"
-    grow = lambda m: dataclasses.replace(m, predictor_layers=cfg.predictor_layers, param_dtype="float32",
-                                         dtype=cfg.search_qa.dtype)
-    path = Path(cfg.search_qa.policy_dir) / "config.json"
-    if path.is_file():
-        return grow(ModelConfig.from_hf_dir(path.parent)), str(path)
-    if preset is None:
-        raise FileNotFoundError(f"{path} does not exist; put the checkpoint's config.json there, or plan with the "
-                                f"dims of a public model: --preset one of {sorted(PRESETS)}")
-    if preset not in PRESETS:
-        raise ValueError(f"--preset {preset!r} is not one of {sorted(PRESETS)}")
-    return grow(PRESETS[preset]), f"preset {preset} (no {path})"
+    """(the policy's dims, where they come from), as cfg's task family loads it (`Family.policy_model`): HopWorld's
+    sft.model, search QA's <policy_dir>/config.json, ...; `preset` names PRESETS dims to use when the family's
+    checkpoint is not there yet."""
+    return get_family(cfg.env).policy_model(cfg, preset)
 
 
 def step_shape(cfg: TrainConfig, preset: str | None = None) -> StepShape:
@@ -72,20 +60,16 @@ def step_shape(cfg: TrainConfig, preset: str | None = None) -> StepShape:
     from trace_jax.allocation import ALLOCATORS
 
     model, source = model_of(cfg, preset)
-    if cfg.env == "hopworld":
-        w = cfg.world
-        width, turns, action, obs = w.prompt_len, w.max_turns, w.action_len, w.obs_len
-    else:
-        q = cfg.search_qa
-        width, turns, action, obs = q.prompt_len, q.max_turns, q.action_len, q.obs_len
+    turns = get_family(cfg.env).turn_shape(cfg)
+    width, action, obs = turns.prompt_len, turns.action_len, turns.obs_len
     m, n = cfg.roots, cfg.continuations
     root_rule, prefix_rule = ALLOCATORS[cfg.allocator]
     if prefix_rule == "none":
         m, n = (m if cfg.equal_cost == "none" else m * (1 + n)), 0
     largest = min(cfg.max_roots_per_prompt or m, m) if root_rule == "trace" else cfg.group_size
     return StepShape(model=model, model_source=source, pool=cfg.pool_size, prompt_width=width, roots=m,
-                     continuations=n, largest_group=largest, max_turns=turns,
-                     slot_len=width + turns * (action + obs), obs_len=obs, reference=cfg.kl_coef > 0,
+                     continuations=n, largest_group=largest, max_turns=turns.max_turns,
+                     slot_len=width + turns.max_turns * (action + obs), obs_len=obs, reference=cfg.kl_coef > 0,
                      remat=cfg.remat)
 
 

@@ -9,9 +9,6 @@ a KV cache, and at most chunk_slots rows go through the backward, at a time.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-
 import jax
 import jax.numpy as jnp
 import optax
@@ -19,13 +16,11 @@ from flax import nnx
 
 from trace_jax.envs.base import JaxEnv
 from trace_jax.objectives import node_targets
-from trace_jax.rollout.chunks import Chunk, check_chunk, expand_in_chunks, runs_in_chunks
+from trace_jax.rollout.chunks import Chunk, check_chunk, expand_in_chunks
 from trace_jax.rollout.expand import Pool
 from trace_jax.rollout.tree import Tree
 from trace_jax.sharding import constrain_rows, data_parallel_size
-from trace_jax.train.step import StepSpec, TrainState, apply_update, build_step, tree_grads, tree_metrics
-
-Step = Callable[[TrainState, JaxEnv, Pool, jax.Array], tuple[TrainState, dict[str, jax.Array]]]
+from trace_jax.train.step import StepSpec, TrainState, apply_update, tree_grads, tree_metrics
 
 
 def loss_weights(tree: Tree) -> tuple[jax.Array, jax.Array]:
@@ -93,14 +88,3 @@ class ChunkedStep:
             nnx.merge(self.graphdef, state.params), env, pool, key, plan=spec.plan, chunk_slots=self.chunk_slots,
             sampling=spec.sampling, pad_id=spec.pad_id, mesh=spec.mesh)
         return self.update(state, chunks, tree, pool, pool_v, stats)
-
-
-@functools.lru_cache(maxsize=8)
-def make_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: StepSpec, chunk_slots: int = 0) -> Step:
-    """The training step of `spec`: `build_step` (one jitted program), or a `ChunkedStep` when chunk_slots is set
-    and smaller than the step's M * (1 + N) slots. Built once per process for equal arguments (graphdefs compare
-    by structure; `make_optimizer` returns one object per setting), so the runs of a comparison (its seeds, the
-    equal-cost probe of a prefix-free method, a resumed run) trace and compile each step once."""
-    if runs_in_chunks(spec.plan, chunk_slots):
-        return ChunkedStep(graphdef, tx, spec, chunk_slots)
-    return build_step(graphdef, tx, spec)

@@ -1,4 +1,7 @@
-"""The training loop: data, base policy, equal-cost budgets, steps, evaluation, checkpoints, logs."""
+"""The training loop of every task family: base policy, predictor warm-up, equal-cost budgets, steps, evaluation,
+checkpoints and resume, preemption, logs. The family (`envs.registry`, selected by `env`) brings the data, the
+environment, the base policy and the evaluation (`envs.family.Task`); the step is built for its environment's kind
+(`train.steps.make_step`)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 import yaml
 from flax import nnx
@@ -20,21 +22,17 @@ from tqdm.auto import tqdm
 from trace_jax import distributed
 from trace_jax import sharding as shd
 from trace_jax.allocation import Allocator, Plan
-from trace_jax.checkpoints import checkpoint_path, load_model, save_model
+from trace_jax.checkpoints import load_model
 from trace_jax.config import TrainConfig, to_dict
-from trace_jax.data.global_pool import global_pool
-from trace_jax.data.hopworld_tfds import build_dataset
-from trace_jax.data.loader import hopworld_loader
-from trace_jax.envs.base import HostEnv
-from trace_jax.envs.hopworld import build_world, protocol
-from trace_jax.envs.hopworld.env import HopWorldEnv
-from trace_jax.evaluate import predictor_quality, rollout_questions, success_by_hops
+from trace_jax.envs.base import HostEnv, JaxEnv
+from trace_jax.envs.family import Evaluation, Task
+from trace_jax.envs.registry import check_family
+from trace_jax.memory import check_fits
 from trace_jax.metrics import MetricsLogger, plot_metrics, plot_reliability, read_metrics, rewind_jsonl
 from trace_jax.models.qwen3 import Policy, with_predictor_layers
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
 from trace_jax.rollout.schedule import expand_scheduled
-from trace_jax.sft import run_sft, split_questions
 from trace_jax.train.checkpoint import (
     RunCheckpoints,
     abstract_state,
@@ -42,54 +40,20 @@ from trace_jax.train.checkpoint import (
     newest_meta,
     run_checkpoints_dir,
 )
-from trace_jax.train.chunked import make_step
 from trace_jax.train.preemption import Preempted, sigterm_stops
 from trace_jax.train.step import StepSpec, TrainState, make_optimizer
+from trace_jax.train.steps import make_step
 from trace_jax.train.warmup import WarmupSpec, warm_up_predictor
 
-PLOT_KEYS = ("reward", "effective_ratio", "eval/success", "eval/success_hop1", "eval/success_hop4", "predictor_loss",
-             "root_auc", "prefix_auc", "eval/root_auc", "eval/prefix_auc", "root_ece", "eval/root_ece", "pool_v_std",
-             "generated_tokens", "entropy", "utilisation", "prompts", "stage2_unplaced", "update_positions")
 RELIABILITY_FILE = "reliability.jsonl"  # one line per evaluation: {"step", "root": bins, "prefix": bins}
 ALLOCATION_FILE = "allocation.jsonl"  # one line per step: the step's ARRAY_METRICS as lists
 ARRAY_METRICS = ("pool_v_values", "roots_per_prompt", "continuations_per_anchor")  # see train.step
-
-
-def base_policy(cfg: TrainConfig) -> Policy:
-    """The SFT policy RL starts from, trained first (with cfg.sft settings) if it does not exist yet."""
-    path = checkpoint_path(cfg.init_checkpoint)  # may be gs://: a multi-host run's hosts all read it
-    if not path.exists() and jax.process_count() > 1:
-        raise FileNotFoundError(f"no base policy at {path}: a multi-host run starts from one; train it first "
-                                "(`trace-jax sft`) and set init_checkpoint to a path every host reads (gs://...)")
-    if not path.exists():
-        if path.name != "checkpoints":  # `run_sft` saves into <its out_dir>/checkpoints
-            raise FileNotFoundError(f"no base policy at {path}, and it cannot be built there: an SFT run keeps its "
-                                    "checkpoints in <out_dir>/checkpoints; set init_checkpoint="
-                                    f"{path}/checkpoints to build one in {path}")
-        print(f"train: no base policy at {path}; training it now (trace-jax sft)")
-        run_sft(dataclasses.replace(cfg.sft, world=cfg.world, data_dir=cfg.data_dir, out_dir=str(path.parent)))
-    return load_model(path)
 
 
 def placed(model: Policy, mesh: jax.sharding.Mesh) -> tuple[nnx.GraphDef, nnx.State]:
     """(graphdef, params) of `model`, its params placed on `mesh` as training holds them."""
     graphdef, params = nnx.split(model)
     return graphdef, shd.put_global(params, shd.param_shardings(params, mesh))
-
-
-def split_question_ids(cfg: TrainConfig, split: str) -> np.ndarray:
-    """The question ids of `split` of cfg's world (as SFT split them)."""
-    return split_questions(dataclasses.replace(cfg.sft, world=cfg.world, data_dir=cfg.data_dir), split)
-
-
-def held_out_questions(cfg: TrainConfig) -> np.ndarray:
-    """The test split's question ids of cfg's world (what `evaluate` scores)."""
-    return split_question_ids(cfg, "test")
-
-
-def pool_of(batch: dict[str, np.ndarray]) -> Pool:
-    return Pool(tokens=jnp.asarray(batch["prompt_ids"]), lengths=jnp.asarray(batch["prompt_len"]),
-                question=jnp.asarray(batch["question_id"]))
 
 
 class Budget(NamedTuple):
@@ -127,7 +91,7 @@ def pack_rows(cfg: TrainConfig, mesh: jax.sharding.Mesh | None = None) -> int:
     return shd.data_parallel_size(mesh) if jax.default_backend() == "cpu" else 0
 
 
-def step_spec(cfg: TrainConfig, budget: Budget, pad_id: int = protocol.PAD,
+def step_spec(cfg: TrainConfig, budget: Budget, pad_id: int,
               mesh: jax.sharding.Mesh | None = None) -> StepSpec:
     """The step of cfg at `budget`; mesh: the slots are split over its data axes."""
     allocator = Allocator(cfg.allocator, group_size=budget.group_size, max_per_anchor=cfg.max_per_anchor or None,
@@ -176,17 +140,14 @@ def run_state(cfg: TrainConfig, params: nnx.State, resume_from: int | None, allo
     return tx, state, ckpts, start, Budget(meta["roots"], meta["continuations"], meta["group_size"])
 
 
-def warm_up(cfg: TrainConfig, model: Policy, env: HopWorldEnv | HostEnv, pools: Callable[[int], Pool] | None = None,
-            pad_id: int = protocol.PAD, host: bool = False) -> dict[str, float]:
+def warm_up(cfg: TrainConfig, model: Policy, env: JaxEnv | HostEnv, pools: Callable[[int], Pool], pad_id: int,
+            host: bool = False) -> dict[str, float]:
     """Fits the success predictor of `model` (in place) on uniform trees of the base policy; {} if disabled.
-    pools(i): the i-th warm-up pool (default: HopWorld's training loader on its own stream); host: `env` is a
-    `HostEnv`. The trees are expanded in chunks of chunk_slots slots, or on refill_slots rows (`expand_scheduled`)."""
+    pools(i): the i-th warm-up pool (`Task.warmup_pool`); host: `env` is a `HostEnv`. The trees are expanded in
+    chunks of chunk_slots slots, or on refill_slots rows (`expand_scheduled`)."""
     w = cfg.warmup
     if w.batches == 0:
         return {}
-    if pools is None:
-        loader = hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed + 1)
-        pools = lambda i: pool_of(loader.batch(i))
     spec = WarmupSpec(batches=w.batches, group_size=w.group_size, roots=cfg.roots, continuations=cfg.continuations,
                       fit_steps=w.fit_steps, learning_rate=w.learning_rate,
                       sampling=rollout_sampling(cfg), pad_id=pad_id, fit_rows=w.fit_rows,
@@ -217,7 +178,7 @@ def checkpoint_step(cfg: TrainConfig, ckpts: RunCheckpoints, step: int, state: T
         raise Preempted(cfg.out_dir, step)
 
 
-def equal_cost_budget(cfg: TrainConfig, probe: Callable[[StepSpec], dict[str, jax.Array]], pad_id: int = protocol.PAD,
+def equal_cost_budget(cfg: TrainConfig, probe: Callable[[StepSpec], dict[str, jax.Array]], pad_id: int,
                       mesh: jax.sharding.Mesh | None = None) -> Budget:
     """This run's budgets. Tree allocators use the configured (M, N). Prefix-free allocators (grpo, pcl)
     get N = 0 and a larger M so their cost matches a tree run's: the same number of leaves ("leaves"), or
@@ -265,38 +226,44 @@ def record_step(log: MetricsLogger, step: int, metrics: dict[str, jax.Array]) ->
     return last
 
 
-Evaluation = tuple[dict[str, float], dict[str, dict[str, list[float]]]]  # (eval/* metrics, reliability bins)
-
-
-def evaluate(model: Policy, env: HopWorldEnv, questions: np.ndarray, cfg: TrainConfig, step: int) -> Evaluation:
-    """(eval/* metrics: test success per hop and predictor quality, reliability bins) at `step`."""
-    questions = np.repeat(questions, cfg.eval_samples)
-    tree = rollout_questions(model, env, questions, cfg.eval_batch, jax.random.fold_in(jax.random.key(cfg.seed + 7),
-                             step), rollout_sampling(cfg), progress=distributed.is_main(),
-                             mesh=shd.make_mesh(cfg.mesh))
-    scores, bins = predictor_quality(tree)
-    out = success_by_hops(tree.reward, np.asarray(env.world.hops)[questions]) | scores
-    return {f"eval/{k}": v for k, v in out.items()}, bins
+def log_evaluation(log: MetricsLogger, out: Path, cfg: TrainConfig, step: int, ev: Evaluation,
+                   metrics: dict[str, float]) -> None:
+    """Adds ev's eval/* to metrics; appends its records (and reliability bins) to their JSONL files with the step;
+    process 0 rewrites its text files and the reliability plot, and prints its report."""
+    metrics.update(ev.metrics)
+    for name, rows in ev.records.items():
+        for row in rows:
+            log.append(name, {"step": step, **row})
+    if ev.reliability is not None:
+        log.append(RELIABILITY_FILE, {"step": step, **ev.reliability})
+    if not distributed.is_main():
+        return
+    for name, text in ev.texts.items():
+        (out / name).write_text(text)
+        tqdm.write(f"train: step {step} evaluation ({out / name})\n{text}")
+    if ev.reliability is not None:
+        plot_reliability({f"{name} V~ (test, step {step})": {cfg.allocator: b} for name, b in ev.reliability.items()},
+                         out / "reliability.png")
 
 
 def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = False,
-          step0_eval: Evaluation | None = None, on_log: Callable[[int, dict[str, float]], None] | None = None
-          ) -> dict[str, float]:
-    """Run RL; returns the last step's metrics. Everything lands under cfg.out_dir.
+          step0_eval: Evaluation | None = None, on_log: Callable[[int, dict[str, float]], None] | None = None,
+          start: str | Path | None = None) -> dict[str, float]:
+    """Run RL on cfg's task family (`env`); returns the last step's metrics. Everything lands under cfg.out_dir.
 
     on_log(step, metrics): called in process 0 with each row written to metrics.jsonl as floats (NaN where it has
     null; step 0: the warm-up and the starting evaluation), e.g. to redraw live plots in a notebook.
 
-    step0_eval: `evaluate` of the starting policy at step 0, when the caller has it already (a comparison's
+    step0_eval: the starting policy's evaluation at step 0, when the caller has it already (a comparison's
     methods share their starting policy and evaluation keys); computed here when None.
+
+    start: an orbax policy checkpoint to start from instead of the family's base policy (a comparison's shared
+    start, its predictor already warmed up).
 
     resume: continue from the newest checkpoint; fails first thing if there is none, or if `cfg` differs from the
     config it was saved with beyond `checkpoint.RESUMABLE_CHANGES` (unless `allow_config_change`).
     """
-    if cfg.env == "search_qa":
-        from trace_jax.train.search_qa import train_search_qa
-
-        return train_search_qa(cfg, resume, allow_config_change, on_log)
+    family = check_family(cfg)
     out = Path(cfg.out_dir)
     if resume:  # before any work or write: there is a run to continue, and it is this one
         checked, meta = newest_meta(run_checkpoints_dir(cfg))
@@ -305,42 +272,33 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
     if main:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    env = HopWorldEnv(build_world(cfg.world), cfg.world)
-    distributed.main_first("dataset", lambda: build_dataset(cfg.data_dir, cfg.world))
-    loader = hopworld_loader(cfg.data_dir, cfg.world, "train", cfg.pool_size, cfg.seed)
-    questions = held_out_questions(cfg)
-
+    task: Task = family.setup(cfg)
+    env = task.env
     mesh = shd.make_mesh(cfg.mesh)
-    from trace_jax.memory import check_fits
-
     check_fits(cfg, mesh)  # fails naming the bytes and the chunk_slots to set when the step cannot fit the devices
-    model = with_predictor_layers(base_policy(cfg), cfg.predictor_layers)
-    warmup = {} if resume else warm_up(cfg, model, env)  # a resumed state already holds the warmed-up head
+    model = with_predictor_layers(load_model(start), cfg.predictor_layers) if start else task.base_policy(mesh)
+    warmup = {} if resume else warm_up(cfg, model, env, lambda i: task.warmup_pool(i, mesh), task.pad_id,
+                                       host=task.host)  # a resumed state already holds the warmed-up head
     graphdef, params = placed(model, mesh)
     tx, state, ckpts, start, budget = run_state(cfg, params, checked if resume else None, allow_config_change)
     if budget is None:
-        budget = equal_cost_budget(cfg, lambda spec: make_step(graphdef, tx, spec, cfg.chunk_slots)(
-            jax.tree.map(jnp.copy, state), env, global_pool(loader, 0, mesh), jax.random.key(cfg.seed + 1))[1],
-            mesh=mesh)
-    spec = step_spec(cfg, budget, mesh=mesh)
-    step_fn = make_step(graphdef, tx, spec, cfg.chunk_slots)
+        budget = equal_cost_budget(cfg, lambda spec: make_step(graphdef, tx, spec, cfg.chunk_slots, task.host)(
+            jax.tree.map(jnp.copy, state), env, task.pool(0, mesh), jax.random.key(cfg.seed + 1))[1],
+            task.pad_id, mesh)
+    spec = step_spec(cfg, budget, task.pad_id, mesh)
+    step_fn = make_step(graphdef, tx, spec, cfg.chunk_slots, task.host)
     key = jax.random.key(cfg.seed)
     last: dict[str, float] = {}
     roots, continuations = budget.roots, budget.continuations
-    print(f"train: {cfg.allocator}, pool B={cfg.pool_size}, roots M={roots}, continuations N={continuations}, "
-          f"group G={budget.group_size} ({roots * (1 + continuations)} slots), {cfg.steps} steps, "
+    print(f"train: {family.name}, {cfg.allocator}, pool B={cfg.pool_size}, roots M={roots}, continuations "
+          f"N={continuations}, group G={budget.group_size} ({roots * (1 + continuations)} slots), {cfg.steps} steps, "
           f"mesh {dict(mesh.shape)}")
 
     def log_eval(step: int, metrics: dict[str, float], done: Evaluation | None = None) -> None:
-        """Adds eval/* to metrics and appends the reliability bins (`done`: this evaluation, already made)."""
-        scores, bins = done or evaluate(nnx.merge(graphdef, state.params), env, questions, cfg, step)
-        metrics.update(scores)
-        log.append(RELIABILITY_FILE, {"step": step, **bins})
-        if main:
-            plot_reliability({f"{name} V~ (test, step {step})": {cfg.allocator: b} for name, b in bins.items()},
-                             out / "reliability.png")
+        ev = done or task.evaluate(nnx.merge(graphdef, state.params), step, mesh)
+        log_evaluation(log, out, cfg, step, ev, metrics)
 
-    for name in (RELIABILITY_FILE, ALLOCATION_FILE) if main else ():  # like metrics.jsonl: a fresh run starts anew
+    for name in (RELIABILITY_FILE, ALLOCATION_FILE, *family.records) if main else ():  # a fresh run starts anew
         rewind_jsonl(out / name, start if resume else -1)
     with MetricsLogger(out, resume_from_step=start if resume else None, active=main, on_log=on_log) as log, \
             sigterm_stops() as stop_requested:
@@ -352,7 +310,7 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
                    disable=not main)
         for step in bar:
             t0 = time.perf_counter()
-            state, metrics = step_fn(state, env, global_pool(loader, step - 1, mesh), jax.random.fold_in(key, step))
+            state, metrics = step_fn(state, env, task.pool(step, mesh), jax.random.fold_in(key, step))
             last = record_step(log, step, metrics)
             last["step_seconds"] = time.perf_counter() - t0
             if step % cfg.eval_every == 0 or step == cfg.steps:
@@ -362,12 +320,11 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
             checkpoint_step(cfg, ckpts, step, state, {"step": step, **budget._asdict(), "loader": {
                 "seed": cfg.seed, "step": step}, "config": to_dict(cfg)}, distributed.any_process(stop_requested()))
     ckpts.close()
-    policy_dir = out / "policy"  # the trained policy alone: `trace-jax export`, `data show --checkpoint`
-    save_model(policy_dir, cfg.steps, nnx.merge(graphdef, state.params))
+    policy = task.save_policy(nnx.merge(graphdef, state.params), out)  # every process (a sharded save gathers)
     if not main:
         return last
     logged = {k for row in read_metrics(out) for k in row}
-    plot = plot_metrics(out, keys=[k for k in PLOT_KEYS if k in logged])
+    plot = plot_metrics(out, keys=[k for k in family.plot_keys if k in logged])
     print(f"train: metrics {out / 'metrics.jsonl'} and {out / 'tensorboard'}, plot {plot}, "
-          f"checkpoints {ckpts.directory}, policy {policy_dir}")
+          f"checkpoints {ckpts.directory}, policy {policy}")
     return last

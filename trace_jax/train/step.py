@@ -98,7 +98,7 @@ def param_groups(params: nnx.State) -> nnx.State:
     return jax.tree_util.tree_map_with_path(label, params)
 
 
-@functools.cache  # the same object for the same settings: `chunked.make_step` reuses a step built with it
+@functools.cache  # the same object for the same settings: `steps.make_step` reuses a step built with it
 def make_optimizer(learning_rate: float, max_grad_norm: float, head_learning_rate: float | None = None
                    ) -> optax.GradientTransformation:
     """Adam with global-norm clipping, per group: the policy at learning_rate, the success head at
@@ -291,5 +291,5 @@ def build_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: S
 def build_update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, spec: StepSpec):
     """The update alone, jitted, for trees rolled out with a host environment (`rollout.host.expand_host`):
     (state, tree, pool, pool_v, stats) -> (state, metrics). Compiles once per shapes; built once per process for
-    equal arguments (like `chunked.make_step`: a resumed run in the same process traces nothing again)."""
+    equal arguments (like `steps.make_step`: a resumed run in the same process traces nothing again)."""
     return jax.jit(functools.partial(update_from_tree, graphdef, tx, spec), donate_argnums=0)

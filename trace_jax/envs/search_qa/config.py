@@ -7,6 +7,8 @@ import dataclasses
 from trace_jax.models.config import dtype_name
 from trace_jax.retrieval.client import RetrieverConfig
 
+DATASETS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")  # Search-R1's seven
+
 
 @dataclasses.dataclass(frozen=True)
 class SearchQAConfig:
@@ -25,8 +27,6 @@ class SearchQAConfig:
     retriever: RetrieverConfig = RetrieverConfig()  # how the retriever is called
 
     def __post_init__(self) -> None:
-        from trace_jax.data.search_qa_tfds import DATASETS
-
         object.__setattr__(self, "dtype", dtype_name(self.dtype, "search_qa.dtype"))
         for name in ("max_turns", "action_len", "obs_len", "prompt_len"):
             if getattr(self, name) < 1:

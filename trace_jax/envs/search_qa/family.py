@@ -1,0 +1,157 @@
+"""Search QA as a task family: a local HF Qwen3 policy searches a corpus through a retriever (Search-R1 protocol).
+
+Each step's tree is rolled out through the host path (`rollout.host`: one retriever call per turn for all live
+slots), then the update runs compiled. Evaluation reports EM / F1 / sub-EM per dataset with both averages; the
+trained policy is saved as an HF checkpoint with its tokenizer. Settings: the run's `search_qa:` section.
+
+Across processes (`trace-jax train --multi-host`) every process holds the questions, places only its rows of
+each pool, and its environment calls the retriever for its own slots only; process 0 writes the run's files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from trace_jax import distributed
+from trace_jax import sharding as shd
+from trace_jax.checkpoints import load_model
+from trace_jax.config import TrainConfig
+from trace_jax.data.search_qa_prompts import Questions, load_questions
+from trace_jax.envs.family import Evaluation, Family, TurnShape
+from trace_jax.envs.search_qa.env import SearchQAEnv
+from trace_jax.evaluate_qa import averages, evaluate_set, markdown
+from trace_jax.memory.plan import PRESETS
+from trace_jax.models.config import ModelConfig
+from trace_jax.models.hf_io import from_pretrained, save_pretrained
+from trace_jax.models.qwen3 import Policy, with_predictor_layers
+from trace_jax.retrieval.client import RetrieverClient
+from trace_jax.rollout.engine import SamplingConfig
+from trace_jax.rollout.expand import Pool
+
+ANSWERS_FILE = "eval_answers.jsonl"  # one line per evaluated question: {"step", "dataset", "question", "response", ...}
+PLOT_KEYS = ("reward", "effective_ratio", "eval/average/em", "eval/average/f1", "predictor_loss", "root_auc",
+             "generated_tokens", "tool_calls", "entropy", "utilisation")
+
+
+def load_tokenizer(policy_dir: str | Path) -> PreTrainedTokenizerBase:
+    path = Path(policy_dir)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"search_qa.policy_dir={path} holds no HF checkpoint (config.json); point it at a "
+                                "local Qwen3 directory, or write the tiny one with `trace-jax data search-qa-tiny`")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        raise ValueError(f"the tokenizer in {path} has no pad token; set pad_token in its tokenizer_config.json")
+    return tokenizer
+
+
+def load_policy(cfg: TrainConfig, mesh: Mesh | None = None) -> Policy:
+    """The run's policy: search_qa.policy_dir's weights in float32, computing in search_qa.dtype, with the
+    predictor's own layers when predictor_layers asks for them."""
+    policy = from_pretrained(cfg.search_qa.policy_dir, compute_dtype=cfg.search_qa.dtype, mesh=mesh)
+    return with_predictor_layers(policy, cfg.predictor_layers)
+
+
+def evaluate(model: Policy, env: SearchQAEnv, questions: Questions, cfg: TrainConfig, step: int,
+             mesh: Mesh | None = None) -> Evaluation:
+    """eval/<dataset>/<metric> and eval/{average,weighted}/<metric>; records: one {"dataset", "question",
+    "response", "em", "f1", "sub_em"} per question (ANSWERS_FILE); texts: the Markdown table (eval.md). mesh: the
+    one the model's parameters are on, over whose batch axes each batch's rows are split (None: one device)."""
+    sampling = SamplingConfig(cfg.temperature, cfg.top_p, cfg.draw)
+    key = jax.random.fold_in(jax.random.key(cfg.seed + 7), step)
+    per, answers = {}, []
+    for i, (d, qs) in enumerate(questions.evals.items()):
+        per[d], got = evaluate_set(model, env, qs, cfg.eval_batch, jax.random.fold_in(key, i), sampling,
+                                   env.tokenizer.pad_token_id, mesh)
+        answers += [{"dataset": d, **a} for a in got]
+    sizes = {d: len(qs.ids) for d, qs in questions.evals.items()}
+    rows = {**per, **averages(per, sizes)}
+    table = f"Step {step}: one sampled episode per question (%).\n\n{markdown(per, sizes)}"
+    return Evaluation(metrics={f"eval/{d}/{m}": v for d, r in rows.items() for m, v in r.items()},
+                      records={ANSWERS_FILE: answers}, texts={"eval.md": table})
+
+
+class SearchQATask:
+    """One run on cfg's search QA data and retriever (`envs.family.Task`)."""
+
+    host = True
+
+    def __init__(self, cfg: TrainConfig):
+        sq = self.sq = cfg.search_qa
+        self.cfg = cfg
+        self.tokenizer = load_tokenizer(sq.policy_dir)
+        self.pad_id = self.tokenizer.pad_token_id
+        self.questions = distributed.main_first("search-qa data", lambda: load_questions(
+            sq, cfg.data_dir, self.tokenizer, self.pad_id))
+        if self.questions.skipped:
+            print(f"search_qa: skipped {self.questions.skipped} questions longer than prompt_len={sq.prompt_len} "
+                  "tokens")
+        self.env = SearchQAEnv(self.tokenizer, self.questions.golds, RetrieverClient(sq.retriever).retrieve, sq)
+        print(f"search_qa: {len(self.questions.train.ids)} training questions, retriever {sq.retriever.url}")
+
+    def _pool(self, step: int, mesh: Mesh | None, stream: int) -> Pool:
+        """pool_size training questions drawn from (seed, stream, step) alone, so a resumed run (and every process)
+        sees the same pools (stream 1: the predictor warm-up's); rows split over the mesh."""
+        train, cfg = self.questions.train, self.cfg
+        rows = np.random.default_rng([cfg.seed, stream, step]).choice(len(train.ids), cfg.pool_size,
+                                                                      replace=len(train.ids) < cfg.pool_size)
+        return shd.rows_on(Pool(tokens=train.tokens[rows], lengths=train.lengths[rows], question=train.ids[rows]),
+                           mesh)
+
+    def pool(self, step: int, mesh: Mesh | None) -> Pool:
+        return self._pool(step, mesh, stream=0)
+
+    def warmup_pool(self, batch: int, mesh: Mesh | None) -> Pool:
+        return self._pool(batch, mesh, stream=1)
+
+    def base_policy(self, mesh: Mesh | None) -> Policy:
+        return load_policy(self.cfg, mesh)
+
+    def evaluate(self, model: Policy, step: int, mesh: Mesh | None) -> Evaluation:
+        return evaluate(model, self.env, self.questions, self.cfg, step, mesh)
+
+    def save_policy(self, model: Policy, out_dir: Path) -> Path:
+        """An HF checkpoint (loads in transformers' Qwen3ForCausalLM, and back here with from_pretrained)."""
+        hf_dir = Path(out_dir) / "hf"
+        save_pretrained(model, hf_dir)  # every process gathers, process 0 writes
+        if distributed.is_main():
+            self.tokenizer.save_pretrained(hf_dir)
+        return hf_dir
+
+    def load_policy(self, path: Path) -> Policy:
+        """An HF directory (e.g. <run>/hf) in search_qa.dtype, or an orbax policy checkpoint."""
+        if (Path(path) / "config.json").is_file():
+            return from_pretrained(path, compute_dtype=self.sq.dtype)
+        return load_model(path)
+
+
+def turn_shape(cfg: TrainConfig) -> TurnShape:
+    q = cfg.search_qa
+    return TurnShape(q.prompt_len, q.max_turns, q.action_len, q.obs_len)
+
+
+def policy_model(cfg: TrainConfig, preset: str | None = None) -> tuple[ModelConfig, str]:
+    """<policy_dir>/config.json with float32 params computing in search_qa.dtype, as the run loads it; `preset`
+    names PRESETS dims to use when that file is absent."""
+    grow = lambda m: dataclasses.replace(m, predictor_layers=cfg.predictor_layers, param_dtype="float32",
+                                         dtype=cfg.search_qa.dtype)
+    path = Path(cfg.search_qa.policy_dir) / "config.json"
+    if path.is_file():
+        return grow(ModelConfig.from_hf_dir(path.parent)), str(path)
+    if preset is None:
+        raise FileNotFoundError(f"{path} does not exist; put the checkpoint's config.json there, or plan with the "
+                                f"dims of a public model: --preset one of {sorted(PRESETS)}")
+    if preset not in PRESETS:
+        raise ValueError(f"--preset {preset!r} is not one of {sorted(PRESETS)}")
+    return grow(PRESETS[preset]), f"preset {preset} (no {path})"
+
+
+FAMILY = Family(name="search_qa", setup=SearchQATask, turn_shape=turn_shape, policy_model=policy_model,
+                description="Search-R1's multi-hop QA: an HF Qwen3 policy and a /retrieve server (host tool)",
+                success_metric="eval/average/em", policy_dir="hf", plot_keys=PLOT_KEYS,
+                records=(ANSWERS_FILE,))
