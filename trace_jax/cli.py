@@ -130,10 +130,21 @@ def _eval(args: argparse.Namespace) -> int:
     from trace_jax.envs.registry import check_family
 
     cfg = load_config(TrainConfig, args.config, args.overrides)
-    task = check_family(cfg).setup(cfg)
-    checkpoint = Path(args.checkpoint)
-    ev = task.evaluate(task.load_policy(checkpoint), 0, None)
-    out = Path(args.out or checkpoint.parent / "eval")
+    family = check_family(cfg)
+    if (args.checkpoint is None) == (args.responses is None):
+        raise ValueError("eval takes a policy (--checkpoint DIR) or responses to grade (--responses FILE.jsonl), "
+                         "one of the two")
+    if args.responses is not None:
+        if family.score_responses is None:
+            raise ValueError(f"env={cfg.env} cannot grade responses written elsewhere; evaluate a --checkpoint")
+        responses = Path(args.responses)
+        ev = family.score_responses(cfg, responses)
+        out = Path(args.out or responses.parent / "eval")
+    else:
+        task = family.setup(cfg)
+        checkpoint = Path(args.checkpoint)
+        ev = task.evaluate(task.load_policy(checkpoint), 0, None)
+        out = Path(args.out or checkpoint.parent / "eval")
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(ev.metrics, indent=1))
     for name, text in ev.texts.items():
@@ -157,6 +168,41 @@ def _data_search_qa_tiny(args: argparse.Namespace) -> int:
     print(f"tiny search QA kit in {out}: corpus.jsonl, qa/ (nq, hotpotqa), policy/ (random Qwen3 + tokenizer).\n"
           f"serve it: trace-jax retrieve serve --corpus {out / 'corpus.jsonl'} --port 8000\n"
           "train on it: trace-jax train --config configs/searchqa_tiny.yaml")
+    return 0
+
+
+def _data_math_tiny(args: argparse.Namespace) -> int:
+    from trace_jax.envs.math.kit import write_tiny_math
+
+    out = write_tiny_math(args.out, sft_steps=args.sft_steps)
+    print(f"tiny math kit in {out}: problems/ (train.jsonl, eval/kit.jsonl), policy/ (tiny Qwen3 + tokenizer).\n"
+          "train on it: trace-jax train --config configs/math_tiny.yaml")
+    return 0
+
+
+def _sandbox_run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from trace_jax.envs.math.sandbox import SandboxConfig, SandboxPool, observation
+
+    cfg = SandboxConfig(workers=1, cpu_s=args.cpu_s, wall_s=args.wall_s, memory_mb=args.memory_mb)
+    cells = [Path(f).read_text() for f in args.files]
+    with SandboxPool(cfg) as pool:
+        result = pool.run(cells)
+    print(observation(result, cfg))
+    print(f"(status: {result.status})")
+    return 0
+
+
+def _bench_sandbox(args: argparse.Namespace) -> int:
+    from trace_jax.bench.sandbox import run_sandbox_bench
+
+    if args.kit:
+        from trace_jax.bench.sandbox import run_math_step_bench
+
+        run_math_step_bench(args.kit, args.steps, args.overrides)
+    else:
+        run_sandbox_bench(args.programs, args.workers, args.repeats)
     return 0
 
 
@@ -419,6 +465,28 @@ def build_parser() -> argparse.ArgumentParser:
     host.add_argument("--repeats", type=_positive_int, default=5)
     host.set_defaults(func=_bench_host)
 
+    sandbox_bench = bench.add_parser("sandbox", help="programs/s of the math sandbox on the tiny kit's programs")
+    sandbox_bench.add_argument("--programs", type=_positive_int, default=400, help="programs per round")
+    sandbox_bench.add_argument("--workers", type=int, default=0, help="sandbox workers (0: one per core)")
+    sandbox_bench.add_argument("--repeats", type=_positive_int, default=5, help="timed rounds (the median is shown)")
+    sandbox_bench.add_argument("--kit", default=None,
+                               help="instead, the host's share of TRACE steps on this math kit (data math-tiny)")
+    sandbox_bench.add_argument("--steps", type=_positive_int, default=4, help="with --kit: timed steps")
+    sandbox_bench.add_argument("overrides", nargs="*", help="with --kit: key=value overrides of configs/math_tiny.yaml")
+    sandbox_bench.set_defaults(func=_bench_sandbox)
+
+    sandbox = sub.add_parser("sandbox", help="the math family's code sandbox").add_subparsers(
+        dest="sandbox_command", metavar="ACTION", required=True)
+    sandbox_run = sandbox.add_parser("run", help="print the observation a program would return to the policy",
+                                     description="Runs FILE.py in the sandbox as the math environment does (the "
+                                                 "files in order as an episode's cells, the last one's output "
+                                                 "shown) and prints the observation the policy would read.")
+    sandbox_run.add_argument("files", nargs="+", metavar="FILE.py", help="the cells, earlier ones first")
+    sandbox_run.add_argument("--cpu-s", type=_positive_int, default=5, help="CPU seconds")
+    sandbox_run.add_argument("--wall-s", type=float, default=10.0, help="wall-clock seconds")
+    sandbox_run.add_argument("--memory-mb", type=_positive_int, default=512, help="memory beyond the warm start")
+    sandbox_run.set_defaults(func=_sandbox_run)
+
     ref = sub.add_parser("config-reference", help="write the configuration reference (every key, default, meaning)")
     ref.add_argument("--out", default="docs/config.md")
     ref.set_defaults(func=_config_reference)
@@ -445,13 +513,17 @@ def build_parser() -> argparse.ArgumentParser:
                                     "HopWorld, test success per hop over eval_samples episodes a question and the "
                                     "predictor's quality; search QA, one sampled episode per question of each "
                                     "search_qa.eval_datasets split with EM, F1 and sub-EM per dataset and both "
-                                    "averages (needs the retriever running). Writes eval.json and the family's "
-                                    "files (e.g. each answer as JSONL).")
+                                    "averages (needs the retriever running); math, avg@k accuracy per "
+                                    "evaluation set, tool calls and unanswered episodes. Writes eval.json and "
+                                    "the family's files (e.g. each answer as JSONL).")
     _add_config_args(ev)
-    ev.add_argument("--checkpoint", required=True,
+    ev.add_argument("--checkpoint", default=None,
                     help="the policy: a run's saved policy (<run>/policy, <run>/hf), or another checkpoint the family "
                          "reads (an HF directory, an orbax one)")
-    ev.add_argument("--out", default=None, help="output folder (default: <checkpoint>/../eval)")
+    ev.add_argument("--responses", default=None,
+                    help="grade responses produced elsewhere instead of sampling a policy (math: JSONL, one "
+                         '{"id": problem id, "response": full text} per line; "set" optional)')
+    ev.add_argument("--out", default=None, help="output folder (default: <checkpoint or responses>/../eval)")
     ev.set_defaults(func=_eval)
 
     retrieve = sub.add_parser("retrieve", help="the BM25 retrieval server (Search-R1's /retrieve protocol)"
@@ -483,6 +555,11 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--sft-steps", type=int, default=300,
                       help="fine-tuning steps on scripted episodes (0: a random policy)")
     tiny.set_defaults(func=_data_search_qa_tiny)
+    mtiny = data.add_parser("math-tiny", help="write a tiny offline math kit (generated problems, a fitted policy)")
+    mtiny.add_argument("--out", default="artifacts/math_tiny", help="output folder")
+    mtiny.add_argument("--sft-steps", type=int, default=300,
+                       help="fine-tuning steps on scripted episodes (0: a random policy)")
+    mtiny.set_defaults(func=_data_math_tiny)
     show = data.add_parser("show", help="render an episode of a HopWorld question (expert, or a policy's)")
     show.add_argument("--question", type=int, default=11)
     show.add_argument("--world-seed", type=int, default=0)
@@ -500,12 +577,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    from trace_jax.envs.math.lockdown import LockdownError
     from trace_jax.retrieval.client import RetrieverError
     from trace_jax.train.preemption import EXIT_CODE, Preempted
 
     try:
         return args.func(args)
-    except (FileNotFoundError, ValueError, KeyError, RetrieverError) as e:
+    except (FileNotFoundError, ValueError, KeyError, RetrieverError, LockdownError) as e:
         print(f"trace-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
     except Preempted as e:

@@ -255,12 +255,12 @@ class TrainConfig:
 
     env: the task family (`trace_jax.envs.registry`): "hopworld" (world, sft and init_checkpoint apply),
     "search_qa" (search_qa applies: a local HF Qwen3 policy searching a corpus through a retriever, trained from
-    that checkpoint; no SFT is run), or "module:attribute" naming a family of your own, whose settings go in
-    `task` (docs/adding_a_task.md).
+    that checkpoint; no SFT is run), "math" (its settings in `task`: `envs.math.config.MathConfig`), or
+    "module:attribute" naming a family of your own, whose settings go in `task` (docs/adding_a_task.md).
     """
 
-    env: str = "hopworld"  # the task family: hopworld | search_qa | module:attribute (docs/adding_a_task.md)
-    task: dict[str, Any] = dataclasses.field(default_factory=dict)  # a plug-in family's own settings (its config)
+    env: str = "hopworld"  # the task family: hopworld | search_qa | math | module:attribute (docs/adding_a_task.md)
+    task: dict[str, Any] = dataclasses.field(default_factory=dict)  # the settings of math and plug-in families
     search_qa: SearchQAConfig = SearchQAConfig()  # policy, data, turns, retriever (env: search_qa)
     world: HopWorldConfig = HopWorldConfig()  # the HopWorld the run trains on (env: hopworld)
     sft: SFTConfig = SFTConfig()  # how the base policy is built when init_checkpoint is missing
@@ -314,7 +314,7 @@ class TrainConfig:
         if self.allocator not in ALLOCATORS:
             raise ValueError(f"allocator={self.allocator!r} is not one of {sorted(ALLOCATORS)}")
         if not self.env:
-            raise ValueError("env must name a task family: hopworld, search_qa or module:attribute")
+            raise ValueError("env must name a task family: hopworld, search_qa, math or module:attribute")
         if ALLOCATORS.get(self.cost_reference, ("", "none"))[1] == "none":
             tree_allocators = sorted(k for k, (_, prefix) in ALLOCATORS.items() if prefix != "none")
             raise ValueError(f"cost_reference={self.cost_reference!r} must be a tree allocator: {tree_allocators}")

@@ -11,8 +11,10 @@ from typing import Any
 
 from trace_jax.compare.config import CompareConfig
 from trace_jax.config import SFTConfig, TrainConfig
+from trace_jax.envs.math.config import MathConfig
 
-COMMANDS = (("trace-jax train", TrainConfig), ("trace-jax sft", SFTConfig), ("trace-jax compare", CompareConfig))
+COMMANDS = (("trace-jax train", TrainConfig, ""), ("trace-jax sft", SFTConfig, ""),
+            ("trace-jax compare", CompareConfig, ""), ("trace-jax train env=math", MathConfig, "task."))
 _FIELD = re.compile(r"^\s+(\w+): [^=#]+(=.*?)?(?:  # (.*))?$")
 _COMMENT = re.compile(r"^\s+# (.*)$")
 
@@ -59,9 +61,9 @@ def reference() -> str:
              "Generated from the config dataclasses by `trace-jax config-reference`; a test fails when it is stale.",
              "Keys are set in a YAML file (`--config`) or as `key=value` overrides (`world.seed=1`); nested sections",
              "are dotted. Defaults are what a command runs with no config.", ""]
-    for command, cls in COMMANDS:
+    for command, cls, root in COMMANDS:  # root: the section's keys' prefix (a family's settings are `task.*`)
         lines += [f"## {command}", ""]
-        for prefix, cfg in _sections(cls(), ""):
+        for prefix, cfg in _sections(cls(), root):
             comments = field_comments(type(cfg))
             lines += [f"### `{prefix.rstrip('.') or command.split()[-1]}` ({type(cfg).__name__})", ""]
             lines += [_doc(type(cfg)), ""] if _doc(type(cfg)) else []

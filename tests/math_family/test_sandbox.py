@@ -123,8 +123,10 @@ def test_each_hostile_program_gets_its_observation_and_leaves_the_host_as_it_was
     after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.rglob("*") if p.is_file()}
     assert after == before  # nothing created, changed or deleted outside the sandbox
     assert tracked_files() == project
-    assert list(Path(pool.root).iterdir()) == []  # every program's folder removed
-    assert children_of(pool.workers.pids()) == []  # no process left behind
+    folders = list(Path(pool.root).iterdir())  # every program's folder removed: left, each worker's next child's
+    assert len(folders) == CFG.workers and not any(any(f.iterdir()) for f in folders)
+    waiting = children_of(pool.workers.pids())  # no process left behind: each worker's next child, waiting alone
+    assert len(waiting) == CFG.workers and children_of(waiting) == []
     assert pool.workers.restarts == 0  # no program could take its worker down
     assert pool.run(["print(6 * 7)"]) == Result("ok", "42\n")
 
@@ -153,3 +155,22 @@ def test_a_worker_that_dies_costs_its_program_alone(pool):
     assert "worker died" in observation(results[0], CFG)
     assert pool.workers.restarts >= 2 and sorted(pool.workers.pids()) != sorted(victim)
     assert pool.run(["print('still serving')"]) == Result("ok", "still serving\n")
+
+
+def test_sandbox_run_prints_what_the_policy_would_read(tmp_path, capsys):
+    from trace_jax.cli import main
+
+    (tmp_path / "a.py").write_text("x = 6\nprint('replayed, not shown')\n")
+    (tmp_path / "b.py").write_text("print(x * 7)\nopen('/etc/hostname', 'a')\n")
+    assert main(["sandbox", "run", str(tmp_path / "a.py"), str(tmp_path / "b.py"), "--cpu-s", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("42\nline 2: PermissionError") and out.endswith("(status: error)\n")
+    assert "replayed" not in out
+
+
+def test_bench_sandbox_runs_the_kits_programs(capsys):
+    from trace_jax.bench.sandbox import run_sandbox_bench
+
+    got = run_sandbox_bench(programs=8, workers=1, repeats=1)
+    assert got["sandbox_programs_per_s"] > 0 and got["workers"] == 1
+    assert "programs/s" in capsys.readouterr().out

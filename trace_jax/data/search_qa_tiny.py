@@ -129,8 +129,15 @@ def fine_tune(model: Policy, tokenizer: PreTrainedTokenizerFast, index: Bm25Inde
                       SearchQAConfig(max_turns=3, action_len=TINY_ACTION_LEN, obs_len=TINY_OBS_LEN))
     episodes = [scripted_episode(env, i, r["question"], r["question"][len("where was "):-len(" born?")],
                                  r["golden_answers"][0]) for i, r in enumerate(qa)]
+    fit_episodes(model, episodes, tokenizer.pad_token_id, steps, seed)
+
+
+def fit_episodes(model: Policy, episodes: list[tuple[list[int], list[bool]]], pad_id: int, steps: int,
+                 seed: int) -> None:
+    """Adam steps (batches of 16) on (tokens, policy mask) episodes, the masked tokens' log-likelihood (in place):
+    how a tiny kit's policy learns its scripted episodes."""
     width = max(len(t) for t, _ in episodes)
-    tokens = np.full((len(episodes), width), tokenizer.pad_token_id, np.int32)
+    tokens = np.full((len(episodes), width), pad_id, np.int32)
     mask = np.zeros((len(episodes), width), bool)
     for i, (t, m) in enumerate(episodes):
         tokens[i, : len(t)], mask[i, : len(m)] = t, m

@@ -96,6 +96,8 @@ class Family:
     records: tuple[str, ...] = ()  # the JSONL files its evaluation appends to (`Evaluation.records`)
     config: type | None = None  # the dataclass of its `task:` config section (None: the family takes none)
     check_config: Callable[[TrainConfig], None] | None = None  # raises on a config the family cannot run
+    score_responses: Callable[[TrainConfig, Path], Evaluation] | None = None  # grades responses written elsewhere
+    # (`trace-jax eval --responses FILE.jsonl`), with no policy
 
 
 def task_section(cfg: TrainConfig, family: Family) -> Any:

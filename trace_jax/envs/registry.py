@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 FAMILIES = {
     "hopworld": "trace_jax.envs.hopworld.family:FAMILY",  # the synthetic multi-hop world, a JaxEnv (CPU-sized)
     "search_qa": "trace_jax.envs.search_qa.family:FAMILY",  # Search-R1's protocol: an HF Qwen3 and a retriever
+    "math": "trace_jax.envs.math.family:FAMILY",  # tool-integrated math: a Python sandbox and math-verify
 }
 _registered: dict[str, Family] = {}
 

@@ -1,7 +1,7 @@
 """What a sandboxed program's process may do, set by the process on itself before it runs model-written code.
 
-Four kernel mechanisms, each closing what the others leave open (Linux only; `sandbox_worker` calls `lock_down`
-in each program's freshly forked process):
+Four kernel mechanisms, each closing what the others leave open (Linux only; `sandbox_worker` calls `enclose` in
+each program's freshly forked process, then `confine` once it has read its program):
 - a private tmpfs of disk_mb mounted on the program's folder, in a mount namespace of its own (a user namespace
   too when not root), so its files live and die with it and cannot fill the host's disk; where the kernel refuses
   namespaces (`private_tmpfs` says why), the folder stays on disk and only each file's size is bounded;
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import platform
 import resource
@@ -70,6 +71,7 @@ def landlock_abi() -> int:
     return max(int(version), 0)
 
 
+@functools.cache
 def readable_roots() -> list[str]:
     """The folders a program may read: the Python installation's stdlib and site-packages (a venv's and its base's),
     not the project that may sit beside them."""
@@ -100,11 +102,15 @@ def private_tmpfs(folder: str, disk_mb: int) -> str | None:
     return None
 
 
-def set_limits(cpu_s: int, memory_mb: int, file_mb: int, open_files: int = 64) -> None:
-    """CPU seconds (SIGXCPU, then SIGKILL a second later), address space beyond what the process has mapped now,
-    bytes per written file, open descriptors; no core files."""
+def mapped_bytes() -> int:
+    """The process's address space now (before Landlock, which closes /proc)."""
     with open("/proc/self/statm") as f:
-        mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def set_limits(mapped: int, cpu_s: int, memory_mb: int, file_mb: int, open_files: int = 64) -> None:
+    """CPU seconds (SIGXCPU, then SIGKILL a second later), address space beyond `mapped` (the process's own),
+    bytes per written file, open descriptors; no core files."""
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     resource.setrlimit(resource.RLIMIT_AS, (mapped + (memory_mb << 20),) * 2)
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_mb << 20,) * 2)
@@ -178,15 +184,20 @@ def restrict_syscalls() -> None:
     _check(_libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0), "prctl(SECCOMP)")
 
 
-def lock_down(folder: str, cpu_s: int, memory_mb: int, file_mb: int, disk_mb: int) -> str | None:
-    """Everything above, in the order that keeps each step possible; the calling process then runs the program.
-    None, or why the folder is not a private tmpfs."""
-    _check(_libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "prctl(PDEATHSIG)")  # dies with the worker that forked it
-    no_tmpfs = private_tmpfs(folder, disk_mb)
-    set_limits(cpu_s, memory_mb, file_mb)
+def enclose(folder: str, disk_mb: int) -> int:
+    """What a process can do before it knows its program: die with the worker that forked it, its folder a private
+    tmpfs (where the kernel allows: `probe` says), Landlock. Its address space before any program (`set_limits`)."""
+    _check(_libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "prctl(PDEATHSIG)")
+    private_tmpfs(folder, disk_mb)
+    mapped = mapped_bytes()
     restrict_files(folder, readable_roots())
+    return mapped
+
+
+def confine(mapped: int, cpu_s: int, memory_mb: int, file_mb: int) -> None:
+    """The rest, once the program's limits are known; the calling process then runs the program."""
+    set_limits(mapped, cpu_s, memory_mb, file_mb)
     restrict_syscalls()
-    return no_tmpfs
 
 
 def probe() -> dict:

@@ -88,8 +88,8 @@ class SandboxPool:
         self.cfg = cfg
         self.kernel = check_kernel()
         self.root = tempfile.mkdtemp(prefix="trace-jax-sandbox-")
-        self.workers = WorkerPool("trace_jax.envs.math.sandbox_worker", [self.root, ",".join(preload)], cfg.workers,
-                                  cwd=self.root)
+        self.workers = WorkerPool("trace_jax.envs.math.sandbox_worker",
+                                  [self.root, ",".join(preload), str(cfg.disk_mb)], cfg.workers, cwd=self.root)
 
     def run(self, cells: Sequence[str]) -> Result:
         """One program: `cells` run in order in one fresh process, the output of the last returned."""
@@ -99,7 +99,7 @@ class SandboxPool:
         """Each program on the next free worker, concurrently; results in the programs' order."""
         c = self.cfg
         requests = [dict(cells=list(cells), cpu_s=c.cpu_s, wall_s=c.wall_s, memory_mb=c.memory_mb,
-                         file_mb=c.file_mb, disk_mb=c.disk_mb, output_bytes=c.output_bytes) for cells in programs]
+                         file_mb=c.file_mb, output_bytes=c.output_bytes) for cells in programs]
         died = lambda _: {"status": "sandbox_error", "output": "the sandbox worker died"}
         return [Result(**a) for a in self.workers.ask_many(requests, c.wall_s + 30.0, died)]
 

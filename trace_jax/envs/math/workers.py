@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import select
 import subprocess
 import sys
 import threading
@@ -30,20 +31,18 @@ class Worker:
 
     def ask(self, request: dict, timeout: float) -> dict | None:
         """The answer to `request`; None (the worker killed) if the worker died or did not answer in `timeout`."""
-        answer: list[str] = []
         try:
             self.proc.stdin.write(json.dumps(request) + "\n")
             self.proc.stdin.flush()
         except OSError:
             self.kill()
             return None
-        reader = threading.Thread(target=lambda: answer.append(self.proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout)
-        if not answer or not answer[0]:
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)  # a worker writes its answer in one line
+        answer = self.proc.stdout.readline() if ready else ""
+        if not answer:
             self.kill()
             return None
-        return json.loads(answer[0])
+        return json.loads(answer)
 
     def alive(self) -> bool:
         return self.proc.poll() is None

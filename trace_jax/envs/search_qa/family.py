@@ -10,23 +10,21 @@ each pool, and its environment calls the retriever for its own slots only; proce
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from trace_jax import distributed
 from trace_jax import sharding as shd
 from trace_jax.checkpoints import load_model
 from trace_jax.config import TrainConfig
 from trace_jax.data.search_qa_prompts import Questions, load_questions
+from trace_jax.envs import hf_policy
 from trace_jax.envs.family import Evaluation, Family, TurnShape
 from trace_jax.envs.search_qa.env import SearchQAEnv
 from trace_jax.evaluate_qa import averages, evaluate_set, markdown
-from trace_jax.memory.plan import PRESETS
 from trace_jax.models.config import ModelConfig
 from trace_jax.models.hf_io import from_pretrained, save_pretrained
 from trace_jax.models.qwen3 import Policy, with_predictor_layers
@@ -37,17 +35,6 @@ from trace_jax.rollout.expand import Pool
 ANSWERS_FILE = "eval_answers.jsonl"  # one line per evaluated question: {"step", "dataset", "question", "response", ...}
 PLOT_KEYS = ("reward", "effective_ratio", "eval/average/em", "eval/average/f1", "predictor_loss", "root_auc",
              "generated_tokens", "tool_calls", "entropy", "utilisation")
-
-
-def load_tokenizer(policy_dir: str | Path) -> PreTrainedTokenizerBase:
-    path = Path(policy_dir)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"search_qa.policy_dir={path} holds no HF checkpoint (config.json); point it at a "
-                                "local Qwen3 directory, or write the tiny one with `trace-jax data search-qa-tiny`")
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token_id is None:
-        raise ValueError(f"the tokenizer in {path} has no pad token; set pad_token in its tokenizer_config.json")
-    return tokenizer
 
 
 def load_policy(cfg: TrainConfig, mesh: Mesh | None = None) -> Policy:
@@ -84,7 +71,8 @@ class SearchQATask:
     def __init__(self, cfg: TrainConfig):
         sq = self.sq = cfg.search_qa
         self.cfg = cfg
-        self.tokenizer = load_tokenizer(sq.policy_dir)
+        self.tokenizer = hf_policy.load_tokenizer(sq.policy_dir, "search_qa.policy_dir",
+                                                  "trace-jax data search-qa-tiny")
         self.pad_id = self.tokenizer.pad_token_id
         self.questions = distributed.main_first("search-qa data", lambda: load_questions(
             sq, cfg.data_dir, self.tokenizer, self.pad_id))
@@ -136,19 +124,8 @@ def turn_shape(cfg: TrainConfig) -> TurnShape:
 
 
 def policy_model(cfg: TrainConfig, preset: str | None = None) -> tuple[ModelConfig, str]:
-    """<policy_dir>/config.json with float32 params computing in search_qa.dtype, as the run loads it; `preset`
-    names PRESETS dims to use when that file is absent."""
-    grow = lambda m: dataclasses.replace(m, predictor_layers=cfg.predictor_layers, param_dtype="float32",
-                                         dtype=cfg.search_qa.dtype)
-    path = Path(cfg.search_qa.policy_dir) / "config.json"
-    if path.is_file():
-        return grow(ModelConfig.from_hf_dir(path.parent)), str(path)
-    if preset is None:
-        raise FileNotFoundError(f"{path} does not exist; put the checkpoint's config.json there, or plan with the "
-                                f"dims of a public model: --preset one of {sorted(PRESETS)}")
-    if preset not in PRESETS:
-        raise ValueError(f"--preset {preset!r} is not one of {sorted(PRESETS)}")
-    return grow(PRESETS[preset]), f"preset {preset} (no {path})"
+    """<policy_dir>/config.json as the run loads it (`hf_policy.policy_dims`)."""
+    return hf_policy.policy_dims(cfg.search_qa.policy_dir, cfg.search_qa.dtype, cfg, preset)
 
 
 FAMILY = Family(name="search_qa", setup=SearchQATask, turn_shape=turn_shape, policy_model=policy_model,
