@@ -72,6 +72,8 @@ def battery(canary: Path, checkpoint: Path, port: int) -> list[tuple[str, str, s
         ("thread bomb", "import threading, time\nfor _ in range(100000): "
          "threading.Thread(target=time.sleep, args=(60,)).start()", {"error", "memory", "timeout"}, ""),
         ("its own exit code", "import os; os._exit(7)", {"error"}, "exited with code 7"),
+        ("closing its output, then looping", "import os\nos.close(1); os.close(2)\nwhile True: pass", {"timeout"},
+         "Timeout"),
         ("recursion", "def f(): return f()\nf()", {"error"}, "RecursionError"),
         ("syntax error", "def f(:", {"error"}, "SyntaxError"),
         ("null bytes", "exec('\\x00')", {"error"}, "null bytes"),

@@ -175,6 +175,10 @@ def run(request: dict, child: Standby) -> dict:
     if status is not None:  # stopped: timeout or output limit
         reap(child)
         return {"status": status, "output": out[:cap].decode("utf-8", "replace")}
+    ready, _, _ = select.select([child.status_fd], [], [], max(deadline - time.monotonic(), 0))
+    if not ready:  # its output closed, the program still running
+        reap(child)
+        return {"status": "timeout", "output": out[:cap].decode("utf-8", "replace")}
     written = os.read(child.status_fd, 1)  # empty when the program ended the process itself, or a signal did
     if written:
         code = written[0]
