@@ -44,7 +44,7 @@ class CounterTask:
 
     def pool(self, step, mesh, stream=0):
         draw = np.random.default_rng([self.cfg.seed, stream, step]).choice(self.train_ids, self.cfg.pool_size)
-        return self.env.pool(draw) if mesh is None else rows_on(self.env.pool(draw), mesh)
+        return rows_on(self.env.pool(draw), mesh)
 
     def warmup_pool(self, batch, mesh):
         return self.pool(batch, mesh, stream=1)

@@ -84,3 +84,15 @@ def assert_rows_close(want: list[dict], got: list[dict], tolerance: Callable[[st
             rtol, atol = tolerance(key)
             np.testing.assert_allclose(np.asarray(y[key], float), np.asarray(x[key], float), rtol=rtol, atol=atol,
                                        err_msg=f"step {x.get('step')} {key}")
+
+
+def kill_once_saved(cmd: list[str], saved: Path, timeout: float = 300) -> None:
+    """Runs cmd (a training run) and SIGKILLs it as soon as `saved` (a checkpoint's file) exists."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    while not saved.exists():
+        assert proc.poll() is None and time.time() < deadline, f"the run ended or hung before {saved} was written"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+

@@ -3,8 +3,10 @@ averages papers report (plain mean over datasets, and weighted by test size)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Protocol
+
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 from tqdm.auto import tqdm
@@ -12,6 +14,7 @@ from tqdm.auto import tqdm
 from trace_jax import sharding as shd
 from trace_jax.allocation import one_episode_per_prompt
 from trace_jax.data.search_qa_prompts import QuestionSet
+from trace_jax.envs.base import HostEnv
 from trace_jax.envs.search_qa.answers import score
 from trace_jax.envs.search_qa.env import SearchQAEnv
 from trace_jax.envs.search_qa.protocol import parse_action
@@ -20,6 +23,14 @@ from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
 from trace_jax.rollout.host import expand_host
 from trace_jax.rollout.tree import Tree
+
+
+class Prompts(Protocol):
+    """Prompts of an environment's questions: a `QuestionSet`, the math family's `ProblemSet`."""
+
+    ids: np.ndarray  # [n] int32 question ids
+    tokens: np.ndarray  # [n, P] int32, right-padded
+    lengths: np.ndarray  # [n] int32
 
 METRICS = ("em", "f1", "sub_em")
 
@@ -42,6 +53,22 @@ def final_turns(tree: Tree, tokenizer) -> list[str]:
                                   skip_special_tokens=True)
 
 
+def episodes(model: Policy, env: HostEnv, prompts: Prompts, batch: int, key: jax.Array, sampling: SamplingConfig,
+             pad_id: int, mesh: Mesh | None = None, desc: str = "eval") -> Iterator[tuple[int, Tree]]:
+    """One sampled episode per row of `prompts` (tokens [n, P], lengths [n], ids [n] of the environment's
+    questions), in fixed-size batches (one compilation; the last batch repeats its last row, to be ignored): per
+    batch, (its first row lo, its tree on the host), whose slot s played row lo + s with key fold_in(key, batch).
+    mesh: each batch's rows are split over its batch axes (each process's environment answers its own rows)."""
+    plan, n = one_episode_per_prompt(batch), len(prompts.ids)
+    for i, lo in enumerate(tqdm(range(0, n, batch), desc=desc, leave=False, disable=jax.process_index() > 0)):
+        rows = np.minimum(np.arange(lo, lo + batch), n - 1)
+        pool = shd.rows_on(Pool(tokens=prompts.tokens[rows], lengths=prompts.lengths[rows],
+                                question=prompts.ids[rows]), mesh)
+        tree, _, _ = expand_host(model, env, pool, jax.random.fold_in(key, i), plan=plan, sampling=sampling,
+                                 pad_id=pad_id, mesh=mesh)
+        yield lo, shd.to_host(tree)
+
+
 def evaluate_set(model: Policy, env: SearchQAEnv, questions: QuestionSet, batch: int, key: jax.Array,
                  sampling: SamplingConfig, pad_id: int, mesh: Mesh | None = None
                  ) -> tuple[dict[str, float], list[dict]]:
@@ -51,17 +78,10 @@ def evaluate_set(model: Policy, env: SearchQAEnv, questions: QuestionSet, batch:
     axes (each process's environment answers its own rows)."""
     totals = dict.fromkeys(METRICS, 0.0)
     answers = []
-    plan = one_episode_per_prompt(batch)
     n = len(questions.ids)
-    for i, lo in enumerate(tqdm(range(0, n, batch), desc="eval", leave=False, disable=jax.process_index() > 0)):
-        rows = np.minimum(np.arange(lo, lo + batch), n - 1)  # the last batch repeats its last row; ignored
-        pool = Pool(tokens=questions.tokens[rows], lengths=questions.lengths[rows], question=questions.ids[rows])
-        pool = jax.tree.map(jnp.asarray, pool) if mesh is None else shd.rows_on(pool, mesh)
-        tree, _, _ = expand_host(model, env, pool, jax.random.fold_in(key, i), plan=plan, sampling=sampling,
-                                 pad_id=pad_id, mesh=mesh)
-        tree = shd.to_host(tree)
+    for lo, tree in episodes(model, env, questions, batch, key, sampling, pad_id, mesh):
         texts, finals = responses(tree, env.tokenizer), final_turns(tree, env.tokenizer)
-        for slot in range(min(batch, n - lo)):  # slot s of this plan plays pool prompt s
+        for slot in range(min(batch, n - lo)):  # slot s plays row lo + s
             question = int(questions.ids[lo + slot])
             action = parse_action(finals[slot])
             scores = score(action.content if action.kind == "answer" else None, env.golds[question])

@@ -223,9 +223,11 @@ def put_global(tree, shardings):
     return jax.tree.map(one, tree, shardings)
 
 
-def rows_on(tree, mesh: Mesh, rules: Rules | None = None):
+def rows_on(tree, mesh: Mesh | None, rules: Rules | None = None):
     """Each array leaf of `tree` (the same value on every process) with its rows split over `mesh`'s batch axes
-    (`batch_sharding`); each process copies only the rows its devices hold."""
+    (`batch_sharding`); each process copies only the rows its devices hold. mesh None: on the default device."""
+    if mesh is None:
+        return jax.tree.map(jax.numpy.asarray, tree)
     return put_global(tree, jax.tree.map(lambda x: batch_sharding(np.shape(x), mesh, rules), tree))
 
 

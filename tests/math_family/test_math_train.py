@@ -3,14 +3,11 @@ their anchor; TRACE steps, a SIGKILL and a resume that samples the same trees (l
 two processes' compiled steps give); evaluation of the policy and of responses produced elsewhere."""
 
 import json
-import signal
-import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
-from processes import assert_rows_close, float32_tolerance, logged_rows
+from processes import assert_rows_close, float32_tolerance, kill_once_saved, logged_rows
 
 from trace_jax.allocation import Allocator, Plan
 from trace_jax.cli import main
@@ -63,13 +60,7 @@ def test_trace_steps_resume_exactly_after_a_kill_and_evaluate(math_kit, tmp_path
     assert {"eval/kit/accuracy", "eval/kit/tool_calls", "eval/kit/no_answer", "eval/average/accuracy"} <= set(rows[0])
 
     cmd = [sys.executable, "-m", "trace_jax.cli", "train", *args(math_kit, tmp_path, *steps, f"out_dir={killed}")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not (killed / "checkpoints" / "1" / "meta").exists():
-        assert proc.poll() is None and time.time() < deadline, "training ended or hung before step 1 was saved"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_once_saved(cmd, killed / "checkpoints" / "1" / "meta")
     assert not (killed / "checkpoints" / "3").exists(), "the run finished before it could be killed"
     assert main(["train", *args(math_kit, tmp_path, *steps, f"out_dir={killed}"), "--resume"]) == 0
     a, b = logged_rows(full / "metrics.jsonl"), logged_rows(killed / "metrics.jsonl")

@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 from built_once import built_once, session_tmp
 from flax import nnx
+from processes import kill_once_saved
 
 from toy import TINY_POLICY as TINY
 from trace_jax import sharding as shd
@@ -164,13 +164,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(run_dirs, full_run
     killed = run_dirs / "killed"
     cmd = [sys.executable, "-m", "trace_jax.cli", "train", *OVERRIDES, *steps, f"out_dir={killed}",
            f"init_checkpoint={run_dirs / 'base'}", f"data_dir={run_dirs / 'tfds'}"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not (killed / "checkpoints" / "2" / "meta").exists():
-        assert proc.poll() is None and time.time() < deadline, "training ended or hung before step 2"
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_once_saved(cmd, killed / "checkpoints" / "2" / "meta")
     done = max(int(p.name) for p in (killed / "checkpoints").iterdir() if p.name.isdigit())
     assert done < 5, "the run finished before it could be killed"
 

@@ -1,5 +1,6 @@
-"""What the task families whose policy is a local HF Qwen3 checkpoint share (search QA, math): its tokenizer, and
-its dims for the memory planner (from its config.json, or a public model's before the checkpoint is there)."""
+"""What the task families whose policy is a local HF Qwen3 checkpoint share (search QA, math): its tokenizer, its
+dims for the memory planner (from its config.json, or a public model's before the checkpoint is there), and the
+trained policy saved and read back as an HF checkpoint."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from trace_jax import distributed
+from trace_jax.checkpoints import load_model
 from trace_jax.config import TrainConfig
 from trace_jax.memory.plan import PRESETS
 from trace_jax.models.config import ModelConfig
+from trace_jax.models.hf_io import from_pretrained, save_pretrained
+from trace_jax.models.qwen3 import Policy
 
 
 def load_tokenizer(policy_dir: str | Path, key: str, kit: str) -> PreTrainedTokenizerBase:
@@ -39,3 +44,20 @@ def policy_dims(policy_dir: str | Path, dtype: str, cfg: TrainConfig, preset: st
     if preset not in PRESETS:
         raise ValueError(f"--preset {preset!r} is not one of {sorted(PRESETS)}")
     return grow(PRESETS[preset]), f"preset {preset} (no {path})"
+
+
+def save_hf(model: Policy, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
+    """<out_dir>/hf, an HF checkpoint with its tokenizer (it loads in transformers' Qwen3ForCausalLM, and back here
+    with from_pretrained); every process gathers, process 0 writes."""
+    hf_dir = Path(out_dir) / "hf"
+    save_pretrained(model, hf_dir)
+    if distributed.is_main():
+        tokenizer.save_pretrained(hf_dir)
+    return hf_dir
+
+
+def load_hf(path: str | Path, dtype: str) -> Policy:
+    """An HF directory (e.g. <run>/hf) computing in dtype, or an orbax policy checkpoint."""
+    if (Path(path) / "config.json").is_file():
+        return from_pretrained(path, compute_dtype=dtype)
+    return load_model(path)

@@ -52,6 +52,7 @@ class MathEnv(StatefulHostEnv):
         super().__init__(cache_size)
         self.tokenizer, self.answers, self.cfg = tokenizer, list(answers), cfg
         self.sandbox, self.verifier = sandbox, verifier
+        self._grader = ThreadPoolExecutor(1, thread_name_prefix="math-verifier")
         self.max_turns, self.action_len, self.obs_len = cfg.max_turns, cfg.action_len, cfg.obs_len
         encode = lambda text: tuple(tokenizer.encode(text, add_special_tokens=False))
         ends = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
@@ -91,11 +92,10 @@ class MathEnv(StatefulHostEnv):
         codes = [code_of(t) if turn < self.cfg.max_tool_calls else None for t, turn in zip(texts, turns)]
         runs = [i for i, c in enumerate(codes) if c is not None]
         answering = [i for i, c in enumerate(codes) if c is None]
-        with ThreadPoolExecutor(1) as grader:  # the verifier's processes work while the sandbox's do
-            graded = grader.submit(self.verifier.scores, [self.answers[questions[i]] for i in answering],
-                                   [texts[i] for i in answering])
-            results = dict(zip(runs, self.sandbox.run_many([[*states[i], codes[i]] for i in runs])))
-            scores = dict(zip(answering, graded.result()))
+        graded = self._grader.submit(self.verifier.scores, [self.answers[questions[i]] for i in answering],
+                                     [texts[i] for i in answering])  # the verifier's processes work while the
+        results = dict(zip(runs, self.sandbox.run_many([[*states[i], codes[i]] for i in runs])))  # sandbox's do
+        scores = dict(zip(answering, graded.result()))
         out = []
         for i in range(len(actions)):
             if i in scores:

@@ -14,15 +14,11 @@ import json
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
-from tqdm.auto import tqdm
 
 from trace_jax import distributed
 from trace_jax import sharding as shd
-from trace_jax.allocation import one_episode_per_prompt
-from trace_jax.checkpoints import load_model
 from trace_jax.config import TrainConfig
 from trace_jax.envs import hf_policy
 from trace_jax.envs.family import Evaluation, Family, TurnShape, task_section
@@ -31,13 +27,12 @@ from trace_jax.envs.math.dataset import build_problems, read_problems
 from trace_jax.envs.math.env import MathEnv, prompt_ids
 from trace_jax.envs.math.sandbox import SandboxPool
 from trace_jax.envs.math.verifier import Verifier, last_boxed
-from trace_jax.evaluate_qa import final_turns, responses
+from trace_jax.evaluate_qa import episodes, final_turns, responses
 from trace_jax.models.config import ModelConfig
-from trace_jax.models.hf_io import from_pretrained, save_pretrained
+from trace_jax.models.hf_io import from_pretrained
 from trace_jax.models.qwen3 import Policy, with_predictor_layers
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
-from trace_jax.rollout.host import expand_host
 
 ANSWERS_FILE = "eval_answers.jsonl"  # one line per sampled answer: {"step", "set", "id", "sample", "response", ...}
 PLOT_KEYS = ("reward", "effective_ratio", "eval/average/accuracy", "eval/average/tool_calls", "predictor_loss",
@@ -117,7 +112,7 @@ class MathTask:
         rows = np.random.default_rng([self.cfg.seed, stream, step]).choice(
             len(t.ids), self.cfg.pool_size, replace=len(t.ids) < self.cfg.pool_size)
         pool = Pool(tokens=t.tokens[rows], lengths=t.lengths[rows], question=t.ids[rows])
-        return jax.tree.map(jnp.asarray, pool) if mesh is None else shd.rows_on(pool, mesh)
+        return shd.rows_on(pool, mesh)
 
     def pool(self, step: int, mesh: Mesh | None) -> Pool:
         return self._pool(step, mesh, stream=0)
@@ -135,23 +130,17 @@ class MathTask:
         cfg, k = self.cfg, self.m.eval_samples
         sampling = SamplingConfig(cfg.temperature, cfg.top_p, cfg.draw)
         key = jax.random.fold_in(jax.random.key(cfg.seed + 7), step)
-        batch, plan = cfg.eval_batch, one_episode_per_prompt(cfg.eval_batch)
         metrics, records = {}, []
         for s, (name, ps) in enumerate(self.evals.items()):
-            jobs = [(p, j) for p in range(len(ps.ids)) for j in range(k)]  # (problem, sample)
+            jobs = np.repeat(np.arange(len(ps.ids)), k)  # [n * k]: each problem k times
+            prompts = dataclasses.replace(ps, ids=ps.ids[jobs], tokens=ps.tokens[jobs], lengths=ps.lengths[jobs])
             got = []
-            for b, lo in enumerate(tqdm(range(0, len(jobs), batch), desc=f"eval {name}", leave=False,
-                                        disable=jax.process_index() > 0)):
-                rows = np.array([jobs[min(i, len(jobs) - 1)][0] for i in range(lo, lo + batch)])
-                pool = Pool(tokens=ps.tokens[rows], lengths=ps.lengths[rows], question=ps.ids[rows])
-                pool = jax.tree.map(jnp.asarray, pool) if mesh is None else shd.rows_on(pool, mesh)
-                tree, _, _ = expand_host(model, self.env, pool, jax.random.fold_in(jax.random.fold_in(key, s), b),
-                                         plan=plan, sampling=sampling, pad_id=self.pad_id, mesh=mesh)
-                tree = shd.to_host(tree)
+            for lo, tree in episodes(model, self.env, prompts, cfg.eval_batch, jax.random.fold_in(key, s),
+                                     sampling, self.pad_id, mesh, desc=f"eval {name}"):
                 texts, finals = responses(tree, self.tokenizer), final_turns(tree, self.tokenizer)
-                for slot, (p, j) in enumerate(jobs[lo : lo + batch]):
-                    row = ps.rows[p]  # every turn but the last ran a code block
-                    got.append({"set": name, "id": row["id"], "sample": j, "answer": row["answer"],
+                for slot, job in enumerate(range(lo, min(lo + cfg.eval_batch, len(jobs)))):
+                    row = ps.rows[jobs[job]]  # every turn but the last ran a code block
+                    got.append({"set": name, "id": row["id"], "sample": job % k, "answer": row["answer"],
                                 "response": texts[slot], "reward": float(tree.reward[slot]),
                                 "tool_calls": max(int(tree.num_turns[slot]) - 1, 0),
                                 "answered": last_boxed(finals[slot]) is not None})
@@ -165,17 +154,10 @@ class MathTask:
                           texts={"eval.md": markdown(metrics, {n: len(p.ids) for n, p in self.evals.items()}, k, step)})
 
     def save_policy(self, model: Policy, out_dir: Path) -> Path:
-        """An HF checkpoint (loads in transformers' Qwen3ForCausalLM, and back here with from_pretrained)."""
-        hf_dir = Path(out_dir) / "hf"
-        save_pretrained(model, hf_dir)
-        if distributed.is_main():
-            self.tokenizer.save_pretrained(hf_dir)
-        return hf_dir
+        return hf_policy.save_hf(model, self.tokenizer, out_dir)
 
     def load_policy(self, path: Path) -> Policy:
-        if (Path(path) / "config.json").is_file():
-            return from_pretrained(path, compute_dtype=self.m.dtype)
-        return load_model(path)
+        return hf_policy.load_hf(path, self.m.dtype)
 
 
 def score_responses(cfg: TrainConfig, path: Path) -> Evaluation:

@@ -42,24 +42,32 @@ def _parse(boxed: str) -> list:
     return parse(f"\\boxed{{{boxed}}}", parsing_timeout=None)
 
 
-def score(answer: str, response: str) -> float:
-    """1.0 if the response's last box equals `answer` under math-verify, else 0.0 (in this process, no timeout).
-    Two plain integers (AIME's answers, most of the kit's) are compared as integers, as math-verify would."""
-    from math_verify import verify
-
-    boxed = last_boxed(response)
+def quick_verdict(answer: str, boxed: str | None) -> float | None:
+    """The score where no parsing is needed: 0 with no box or an empty one; two plain integers (AIME's answers,
+    most of the kit's) compared as integers, as math-verify would; None otherwise."""
     if boxed is None or not boxed.strip():
         return 0.0
     if INTEGER.match(answer) and INTEGER.match(boxed):
         return float(int(answer) == int(boxed))
+    return None
+
+
+def score(answer: str, response: str) -> float:
+    """1.0 if the response's last box equals `answer` under math-verify, else 0.0 (in this process, no timeout)."""
+    from math_verify import verify
+
+    boxed = last_boxed(response)
+    quick = quick_verdict(answer, boxed)
+    if quick is not None:
+        return quick
     gold, pred = _parse(answer), _parse(boxed)
     return float(bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None))
 
 
 class Verifier:
     """`score` over batches in `workers` processes, each comparison bounded by `timeout_s` (then 0). A score depends
-    only on the answer and the response's last box, so each such pair is compared once (`cache_size` kept); a
-    response without a box scores 0, and two plain integers compare, without a worker."""
+    only on the answer and the response's last box, so each such pair is compared once (`cache_size` kept), and
+    where `quick_verdict` decides, without a worker."""
 
     def __init__(self, workers: int = 0, timeout_s: float = 10.0, cache_size: int = 65536):
         self.timeout_s, self.cache_size = timeout_s, cache_size
@@ -70,11 +78,10 @@ class Verifier:
         if len(answers) != len(responses):
             raise ValueError(f"{len(answers)} answers for {len(responses)} responses")
         keys = [(a, last_boxed(r)) for a, r in zip(answers, responses)]
-        known = {k: float(int(k[0]) == int(k[1])) for k in keys if k[1] is not None and INTEGER.match(k[0])
-                 and INTEGER.match(k[1])}  # two integers: compared here, as `score` would
-        todo = list(dict.fromkeys(k for k in keys if k[1] is not None and k not in self._cache and k not in known))
-        requests = [{"answer": a, "response": f"\\boxed{{{b}}}"} for a, b in todo]
+        known = {k: v for k in keys if (v := quick_verdict(*k)) is not None}
         known |= {k: self._cache[k] for k in keys if k in self._cache}
+        todo = list(dict.fromkeys(k for k in keys if k not in known))
+        requests = [{"answer": a, "response": f"\\boxed{{{b}}}"} for a, b in todo]
         timed_out = {"score": 0.0, "timed_out": True}  # scores 0, and is not kept: a later try may finish
         for key, got in zip(todo, self.pool.ask_many(requests, self.timeout_s, lambda _: timed_out)):
             known[key] = got["score"]
@@ -82,7 +89,7 @@ class Verifier:
                 self._cache[key] = got["score"]
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
-        return [0.0 if k[1] is None else known[k] for k in keys]
+        return [known[k] for k in keys]
 
     def close(self) -> None:
         self.pool.close()

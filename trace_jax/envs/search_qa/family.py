@@ -18,7 +18,6 @@ from jax.sharding import Mesh
 
 from trace_jax import distributed
 from trace_jax import sharding as shd
-from trace_jax.checkpoints import load_model
 from trace_jax.config import TrainConfig
 from trace_jax.data.search_qa_prompts import Questions, load_questions
 from trace_jax.envs import hf_policy
@@ -26,7 +25,7 @@ from trace_jax.envs.family import Evaluation, Family, TurnShape
 from trace_jax.envs.search_qa.env import SearchQAEnv
 from trace_jax.evaluate_qa import averages, evaluate_set, markdown
 from trace_jax.models.config import ModelConfig
-from trace_jax.models.hf_io import from_pretrained, save_pretrained
+from trace_jax.models.hf_io import from_pretrained
 from trace_jax.models.qwen3 import Policy, with_predictor_layers
 from trace_jax.retrieval.client import RetrieverClient
 from trace_jax.rollout.engine import SamplingConfig
@@ -104,18 +103,10 @@ class SearchQATask:
         return evaluate(model, self.env, self.questions, self.cfg, step, mesh)
 
     def save_policy(self, model: Policy, out_dir: Path) -> Path:
-        """An HF checkpoint (loads in transformers' Qwen3ForCausalLM, and back here with from_pretrained)."""
-        hf_dir = Path(out_dir) / "hf"
-        save_pretrained(model, hf_dir)  # every process gathers, process 0 writes
-        if distributed.is_main():
-            self.tokenizer.save_pretrained(hf_dir)
-        return hf_dir
+        return hf_policy.save_hf(model, self.tokenizer, out_dir)
 
     def load_policy(self, path: Path) -> Policy:
-        """An HF directory (e.g. <run>/hf) in search_qa.dtype, or an orbax policy checkpoint."""
-        if (Path(path) / "config.json").is_file():
-            return from_pretrained(path, compute_dtype=self.sq.dtype)
-        return load_model(path)
+        return hf_policy.load_hf(path, self.sq.dtype)
 
 
 def turn_shape(cfg: TrainConfig) -> TurnShape:
