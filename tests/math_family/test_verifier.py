@@ -1,10 +1,12 @@
 """The math verifier: math-verify on the response's last box, with a process-level timeout instead of its SIGALRM."""
 
+import random
 import threading
+from fractions import Fraction
 
 import pytest
 
-from trace_jax.envs.math.verifier import Verifier, last_boxed, score
+from trace_jax.envs.math.verifier import Verifier, apart, last_boxed, parse_box, quick_verdict, score
 
 MATCH = [  # (reference answer, response): must score 1
     ("\\frac{1}{2}", "so the probability is \\boxed{\\frac{1}{2}}"),
@@ -74,3 +76,51 @@ def test_score_runs_off_the_main_thread():
     thread.start()
     thread.join()
     assert got == [1.0]
+
+
+def _forms(value: Fraction, rng: random.Random) -> str:
+    """value written as an integer, a/b or \\frac{a}{b} (\\dfrac, \\tfrac), unreduced at times, spaced at times."""
+    k = rng.choice([1, 1, 2, 3])
+    num, den = value.numerator * k, value.denominator * k
+    sign, num = ("-" if num < 0 else rng.choice(["", "+"])), abs(num)
+    sp = rng.choice(["", " "])
+    if den == 1 and rng.random() < 0.5:
+        return f"{sign}{sp}{num}"
+    if rng.random() < 0.5:
+        return f"{sign}{num}{sp}/{sp}{den}"
+    return f"{sign}\\{rng.choice(['', 'd', 't'])}frac{{{num}}}{{{den}}}"
+
+
+def test_the_shortcut_for_exact_rationals_agrees_with_math_verify():
+    """Random pairs of integers and fractions in the forms the shortcut reads, equal, off in the seventh decimal
+    (where a rounding comparison would say equal), negated, inverted or far apart: the shortcut decides each, and
+    math-verify itself gives the same verdict."""
+    from math_verify import parse, verify
+
+    rng = random.Random(0)
+    for _ in range(150):
+        gold = Fraction(rng.randint(-500, 500), rng.choice([1, 1, 2, 3, 7, 9, 1000]))
+        near, far = gold + Fraction(1, 10**7), gold + rng.randint(1, 9)
+        pred = rng.choice([gold, near, far, -gold, 1 / gold if gold else far])
+        answer, boxed = _forms(gold, rng), _forms(pred, rng)
+        reference = float(verify(parse(f"\\boxed{{{answer}}}", parsing_timeout=None),
+                                 parse(f"\\boxed{{{boxed}}}", parsing_timeout=None), timeout_seconds=None))
+        assert quick_verdict(answer, boxed) == reference, (answer, boxed)
+    assert quick_verdict("1/3", "1/3.0") is None and quick_verdict("3", "1/0") is None  # left to math-verify
+
+
+APART = [("12", b) for b in ("Qu", "think", " Sandbox", "ne/4", "ii", "pi", "\\pi x", "x y z^{-1}", "2i", "t")] + [
+    ("\\frac{1}{2}", "x/2"), ("-3", "k^{2}")]  # garbled boxes against numbers: a monomial that is not constant
+NOT_APART = [  # left to math-verify: equal to the number after all, or not a monomial, or not against a number
+    ("12", "\\sin^2 x + \\cos^2 x + 11"), ("12", "12 x x^{-1}"), ("0", "0 x"), ("1", "x^0"), ("12", "\\infty x"),
+    ("12", "(x+1)^2-x^2-2x"), ("12", "e"), ("12", "x=3"), ("2x", "x 2"), ("x", "x"), ("\\{1,2\\}", "ab")]
+
+
+@pytest.mark.parametrize("answer,boxed", APART + NOT_APART)
+def test_apart_skips_math_verify_only_where_it_must_say_no(answer, boxed):
+    from math_verify import verify
+
+    gold, pred = parse_box(answer), parse_box(boxed)
+    assert apart(gold, pred) == ((answer, boxed) in APART)
+    if apart(gold, pred):
+        assert not verify(gold, pred, timeout_seconds=None)

@@ -14,6 +14,7 @@ import re
 import sys
 from collections import OrderedDict
 from collections.abc import Sequence
+from fractions import Fraction
 
 from trace_jax.envs.math.workers import WorkerPool
 
@@ -32,24 +33,69 @@ def last_boxed(response: str) -> str | None:
     return None
 
 
-INTEGER = re.compile(r"^\s*[-+]?\d+\s*$")
+RATIONAL = re.compile(r"^\s*([-+]?)\s*(?:(\d+)\s*(?:/\s*(\d+)\s*)?|\\[dt]?frac\{\s*(\d+)\s*\}\{\s*(\d+)\s*\}\s*)$")
+
+
+def rational(text: str) -> Fraction | None:
+    """The exact value of a plain integer, `a/b` or `\\frac{a}{b}` (`\\dfrac`, `\\tfrac`) with a sign; else None."""
+    m = RATIONAL.match(text)
+    if m is None:
+        return None
+    sign, whole, over, top, bottom = m.groups()
+    num, den = (int(whole), int(over or 1)) if whole is not None else (int(top), int(bottom))
+    return None if den == 0 else Fraction(-num if sign == "-" else num, den)
 
 
 @functools.lru_cache(maxsize=4096)
-def _parse(boxed: str) -> list:
+def parse_box(boxed: str) -> list:
     from math_verify import parse  # imported where it runs: the verifier's worker processes
 
     return parse(f"\\boxed{{{boxed}}}", parsing_timeout=None)
 
 
 def quick_verdict(answer: str, boxed: str | None) -> float | None:
-    """The score where no parsing is needed: 0 with no box or an empty one; two plain integers (AIME's answers,
-    most of the kit's) compared as integers, as math-verify would; None otherwise."""
+    """The score where no parsing is needed: 0 with no box or an empty one; two exact rationals (integers such as
+    AIME's answers, `a/b`, `\\frac{a}{b}`: most of the kit's) compared exactly, as math-verify compares them;
+    None otherwise."""
     if boxed is None or not boxed.strip():
         return 0.0
-    if INTEGER.match(answer) and INTEGER.match(boxed):
-        return float(int(answer) == int(boxed))
+    if (gold := rational(answer)) is not None and (pred := rational(boxed)) is not None:
+        return float(gold == pred)
     return None
+
+
+def _exponents(expr) -> dict | None:
+    """expr (a parsed, unevaluated sympy expression) as a finite nonzero constant times symbols to integer powers:
+    each symbol's total exponent; None when it is not of that form."""
+    if expr.is_Symbol:
+        return {expr: 1}
+    if expr.is_Pow and expr.exp.is_Integer and (base := _exponents(expr.base)) is not None:
+        return {s: k * int(expr.exp) for s, k in base.items()}
+    if expr.is_Mul:
+        total: dict = {}
+        for arg in expr.args:
+            if (part := _exponents(arg)) is None:
+                return None
+            for s, k in part.items():
+                total[s] = total.get(s, 0) + k
+        return total
+    return {} if expr.is_number and expr.is_finite is True and expr.is_nonzero is True else None
+
+
+def apart(gold: list, pred: list) -> bool:
+    """True when math-verify's `verify(gold, pred)` must be False without running it: every parsed gold value is a
+    number and every parsed prediction a nonconstant monomial (`\\boxed{Qu}` is q*u), whose difference `simplify`
+    cannot bring to 0, and no string of one is a string of the other. What a garbled box costs a policy that
+    boxes words: its parse, not a symbolic simplification."""
+    from sympy import Expr
+
+    values = lambda xs: [x for x in xs if not isinstance(x, str)]
+    strings = lambda xs: {x.strip() for x in xs if isinstance(x, str)}
+    if not values(gold) or not values(pred) or strings(gold) & strings(pred):
+        return False
+    if not all(getattr(g, "is_Number", False) and g.is_finite for g in values(gold)):
+        return False
+    return all(isinstance(p, Expr) and any((_exponents(p) or {}).values()) for p in values(pred))
 
 
 def score(answer: str, response: str) -> float:
@@ -60,7 +106,9 @@ def score(answer: str, response: str) -> float:
     quick = quick_verdict(answer, boxed)
     if quick is not None:
         return quick
-    gold, pred = _parse(answer), _parse(boxed)
+    gold, pred = parse_box(answer), parse_box(boxed)
+    if apart(gold, pred):
+        return 0.0
     return float(bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None))
 
 
