@@ -353,7 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(train)
     train.add_argument("--resume", action="store_true",
                        help="continue from the newest checkpoint in checkpoint_dir (default out_dir/checkpoints). "
-                            "Fails before any work if there is none, or if the config differs from the one that "
+                            "Without it a run continues by itself when that directory holds checkpoints of the same "
+                            "config (the same command restarted), and refuses to start when they are another "
+                            "run's. With it: fails before any work if there is none, or if the config differs from the one that "
                             "checkpoint was saved with. Changes allowed (they alter neither the algorithm nor what the "
                             "metrics measure): steps (to extend the run; not below the checkpoint's step), eval_every, "
                             "checkpoint_every, keep_checkpoints, out_dir, checkpoint_dir and data_dir (a moved run, "

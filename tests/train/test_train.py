@@ -189,8 +189,8 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(run_dirs, full_run
 def test_sigterm_saves_the_step_and_exits_then_resume_reproduces_the_uninterrupted_run(run_dirs, full_run, tmp_path,
                                                                                        capsys, monkeypatch):
     """A preemption: SIGTERM mid-run (in this process, from a watcher thread once step 2 is saved). The step in
-    flight finishes, is logged and checkpointed, and the command exits with 143; --resume then reproduces the
-    uninterrupted run exactly."""
+    flight finishes, is logged and checkpointed, and the command exits with 143; the same command again, without
+    --resume (a restarted pod), continues it and reproduces the uninterrupted run exactly."""
     run = tmp_path / "preempted"
     args = ["train", *OVERRIDES, *FULL_STEPS, f"out_dir={run}", f"init_checkpoint={run_dirs / 'base'}",
             f"data_dir={run_dirs / 'tfds'}"]
@@ -208,11 +208,12 @@ def test_sigterm_saves_the_step_and_exits_then_resume_reproduces_the_uninterrupt
     watcher.join()
     err = capsys.readouterr().err
     stopped = int(re.search(r"preempted \(SIGTERM\) after step (\d+)", err).group(1))
-    assert 2 <= stopped < 5 and "--resume" in err
+    assert 2 <= stopped < 5 and "The same command continues it" in err
     assert newest_meta(run / "checkpoints")[0] == stopped and not (run / "policy").exists()
     assert sorted(_metrics(run)) == list(range(stopped + 1))
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler was the run's alone
-    assert main([*args, "--resume"]) == 0
+    assert main(args) == 0
+    assert f"holds this run's checkpoint at step {stopped}" in capsys.readouterr().out
     assert _metrics(run) == _metrics(full_run)
 
 
@@ -254,6 +255,11 @@ def test_resume_refuses_a_changed_config_unless_allowed(full_run, run_dirs, tmp_
     assert "out_dir" not in err and "eval_every" not in err  # allowed changes are not refused
     assert (run / "config.yaml").read_text() == saved  # the run's config is not overwritten
     assert main([*args, "steps=4"]) == 2 and "steps=4 is below the checkpoint's step 5" in capsys.readouterr().err
+    new_run = [a for a in args if a != "--resume"]  # a new run into this one's directory, before any work
+    assert main([*new_run, "learning_rate=0.02"]) == 2
+    err = capsys.readouterr().err
+    assert "holds another run's checkpoints (newest: step 5)" in err and "learning_rate: 0.01 -> 0.02" in err
+    assert "set out_dir" in err and (run / "config.yaml").read_text() == saved
 
     # Extending the run (and the other allowed changes) needs no flag; checked without paying for a training step.
     step, meta = newest_meta(run / "checkpoints")

@@ -18,7 +18,6 @@ from trace_jax.compare.summary import markdown_table, summarize
 from trace_jax.config import TrainConfig, WarmupConfig, from_dict, to_dict
 from trace_jax.envs.family import Evaluation
 from trace_jax.envs.registry import check_family
-from trace_jax.train.checkpoint import newest_meta, run_checkpoints_dir
 from trace_jax.train.loop import placed, train, warm_up
 
 
@@ -41,14 +40,6 @@ def finished(out_dir: Path, cfg: TrainConfig, done: str) -> bool:
 def run_checkpoint_dir(checkpoint_dir: str, method: str, seed: int) -> str:
     """A run's own checkpoint folder under the comparison's train.checkpoint_dir ("": the run's out_dir's)."""
     return f"{checkpoint_dir.rstrip('/')}/{method}/seed{seed}" if checkpoint_dir else ""
-
-
-def _has_checkpoint(cfg: TrainConfig) -> bool:
-    try:
-        newest_meta(run_checkpoints_dir(cfg))
-    except FileNotFoundError:
-        return False
-    return True
 
 
 def shared_start(cfg: TrainConfig, out_dir: Path) -> tuple[Path, Evaluation]:
@@ -88,9 +79,8 @@ def compare(ccfg: CompareConfig) -> dict:
             if finished(Path(cfg.out_dir), cfg, family.policy_dir):
                 print(f"compare: {m} seed {seed} already finished in {cfg.out_dir}; reusing it")
                 continue
-            partial = _has_checkpoint(cfg)  # a run stopped midway (preempted): continue it
-            print(f"compare: {m}, seed {seed}" + (" (resuming its newest checkpoint)" if partial else ""))
-            train(cfg, resume=partial, step0_eval=step0, start=init)
+            print(f"compare: {m}, seed {seed}")
+            train(cfg, step0_eval=step0, start=init)  # a run stopped midway (preempted) continues by itself
     summary = summarize(out, methods, seeds, family.success_metric)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     (out / "results.md").write_text(markdown_table(summary))

@@ -106,19 +106,56 @@ def check_resume_config(cfg: TrainConfig, step: int, saved: Mapping[str, Any], a
     through."""
     if cfg.steps < step:
         raise ValueError(f"--resume: steps={cfg.steps} is below the checkpoint's step {step}; set steps >= {step}")
-    changes = _config_changes(saved, json.loads(json.dumps(to_dict(cfg))))  # as JSON stores it: tuples -> lists
-    budget = [k for k in changes if k in BUDGET_KEYS]
+    changes, budget, refused = _resume_changes(cfg, saved)
     if budget:
         raise ValueError(f"--resume: checkpoint {step} was trained at a budget these keys set, which a resumed run "
                          "keeps:\n  " + "\n  ".join(_show(k, *changes[k]) for k in budget)
                          + "\nrestore those values, or start a new run (another out_dir) with the new ones")
-    refused = [k for k in changes if not any(k == r or k.startswith(f"{r}.") for r in RESUMABLE_CHANGES)]
     if refused and not allow_change:
         raise ValueError(f"--resume: the config differs from the one checkpoint {step} was saved with, so this would "
                          "continue a different run:\n  " + "\n  ".join(_show(k, *changes[k]) for k in refused)
                          + "\nrestore those values, or pass --allow-config-change to continue with the new ones")
     if changes:
         print(f"resume: config changes from checkpoint {step}: " + "; ".join(_show(k, *v) for k, v in changes.items()))
+
+
+def resume_point(cfg: TrainConfig, required: bool = False, allow_change: bool = False) -> int | None:
+    """The checkpoint step a run of `cfg` continues from, or None for a new run. required (--resume): there must be
+    a checkpoint, and `check_resume_config` decides. Otherwise a checkpoint directory holding this run's checkpoints
+    (one whose config differs at most in RESUMABLE_CHANGES: the same command restarted on a recreated pod or spot
+    VM) is continued, and one holding another run's is refused before anything is written."""
+    directory = run_checkpoints_dir(cfg)
+    try:
+        step, meta = newest_meta(directory)
+    except FileNotFoundError:
+        if required:
+            raise
+        return None
+    if not required:
+        changes, budget, refused = _resume_changes(cfg, meta["config"])
+        differs = [_show(k, *changes[k]) for k in (*budget, *refused)]
+        differs += [f"steps={cfg.steps} is below its step {step}"] if cfg.steps < step else []
+        if differs:
+            raise ValueError(
+                f"{directory} holds another run's checkpoints (newest: step {step}), saved under another config:\n  "
+                + "\n  ".join(differs) + "\nto continue that run, run its own command again (or add --resume, and "
+                "--allow-config-change to keep these values); to start a new run, set out_dir (or checkpoint_dir) to "
+                f"another directory, or delete {directory}")
+        print(f"train: {directory} holds this run's checkpoint at step {step}; continuing from it (a new run needs "
+              "another out_dir)")
+    check_resume_config(cfg, step, meta["config"], allow_change)
+    return step
+
+
+def _resume_changes(cfg: TrainConfig, saved: Mapping[str, Any]) -> tuple[dict[str, tuple[Any, Any]], list[str],
+                                                                         list[str]]:
+    """(every changed key -> (old, new), the changed BUDGET_KEYS, the other changed keys outside
+    RESUMABLE_CHANGES) between a checkpoint's config and `cfg`."""
+    changes = _config_changes(saved, json.loads(json.dumps(to_dict(cfg))))  # as JSON stores it: tuples -> lists
+    budget = [k for k in changes if k in BUDGET_KEYS]
+    refused = [k for k in changes if k not in BUDGET_KEYS
+               and not any(k == r or k.startswith(f"{r}.") for r in RESUMABLE_CHANGES)]
+    return changes, budget, refused
 
 
 class _Absent:

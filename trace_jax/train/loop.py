@@ -37,7 +37,7 @@ from trace_jax.train.checkpoint import (
     RunCheckpoints,
     abstract_state,
     check_resume_config,
-    newest_meta,
+    resume_point,
     run_checkpoints_dir,
 )
 from trace_jax.train.preemption import Preempted, sigterm_stops
@@ -261,13 +261,14 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
     start, its predictor already warmed up).
 
     resume: continue from the newest checkpoint; fails first thing if there is none, or if `cfg` differs from the
-    config it was saved with beyond `checkpoint.RESUMABLE_CHANGES` (unless `allow_config_change`).
+    config it was saved with beyond `checkpoint.RESUMABLE_CHANGES` (unless `allow_config_change`). Without it, a
+    run whose checkpoint directory holds this run's checkpoints continues them, and one holding another run's
+    fails first thing (`checkpoint.resume_point`).
     """
     family = check_family(cfg)
     out = Path(cfg.out_dir)
-    if resume:  # before any work or write: there is a run to continue, and it is this one
-        checked, meta = newest_meta(run_checkpoints_dir(cfg))
-        check_resume_config(cfg, checked, meta["config"], allow_config_change)
+    checked = resume_point(cfg, resume, allow_config_change)  # before any work or write
+    resume = checked is not None
     main = distributed.is_main()  # the process that writes the run's files (every process checkpoints)
     if main:
         out.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ class Preempted(Exception):
 
     def __init__(self, out_dir: str, step: int) -> None:
         super().__init__(f"preempted (SIGTERM) after step {step}; its checkpoint is saved in {out_dir}/checkpoints. "
-                         "The same command with --resume continues it (`trace-jax compare`: the same command)")
+                         "The same command continues it")
         self.step = step
 
 
