@@ -1,4 +1,5 @@
-"""The README's architecture map ("## Layout") as data: which entry (layer) names each module of the package.
+"""The architecture map (docs/architecture.md, "## Layout") as data: which entry (layer) names each module of the
+package.
 
 An entry is a line at the package's indent: a top-level module ("  config.py"), a module of a folder that the map
 places on a layer of its own ("  rollout/tree.py"), or a folder ("  models/"), whose text (and that of its
@@ -15,9 +16,9 @@ PACKAGE = "trace_jax"
 _NAMED = re.compile(r"(?:^|[\s(`])([a-z_0-9]+\.py)(?=[\s:,)`]|$)")
 
 
-def layout_text(readme: Path = ROOT / "README.md") -> str:
-    text = readme.read_text()
-    return text[text.index("## Layout\n"):text.index("## Not yet here")]
+def layout_text(page: Path = ROOT / "docs" / "architecture.md") -> str:
+    text = page.read_text()
+    return text[text.index("## Layout\n"):]
 
 
 def map_lines(layout: str) -> list[str]:

@@ -16,12 +16,17 @@ def test_every_key_is_documented():
     assert not undocumented, f"give these config fields a `# comment`: {undocumented[:5]}"
 
 
-def test_comments_are_read_beside_or_above_a_field():
+def test_comments_are_read_beside_or_above_a_field_and_continued_below_it():
     class Example:
         plain: int = 1  # beside
         # above
         nested: tuple[int, ...] = (1, 2)
         bare: int = 3
         required: str  # no default
+        long: int = 4  # beside,
+        # continued
+        # twice
+        next: int = 5  # its own
 
-    assert field_comments(Example) == {"plain": "beside", "nested": "above", "required": "no default"}
+    assert field_comments(Example) == {"plain": "beside", "nested": "above", "required": "no default",
+                                       "long": "beside, continued twice", "next": "its own"}

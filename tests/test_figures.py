@@ -1,5 +1,5 @@
-"""Checks of figures the README quotes (slow tier: `pytest -m slow`). The figures themselves come from
-the commands printed beside them in the README; these tests hold the claims made about them."""
+"""Checks of figures the docs quote (slow tier: `pytest -m slow`). The figures themselves come from
+the commands printed beside them in the docs; these tests hold the claims made about them."""
 
 import dataclasses
 import json
@@ -61,15 +61,15 @@ def default_sft(tmp_path_factory):
 
 
 def test_default_sft_policy_is_competent_but_imperfect(default_sft):
-    """The README's SFT table (54.6-57.6% overall on two machines): the default recipe lands in a band."""
+    """The SFT table (docs/hopworld.md) (54.6-57.6% overall on two machines): the default recipe lands in a band."""
     metrics, _ = default_sft
     assert 0.45 <= metrics["success"] <= 0.7
     assert metrics["success_hop1"] > metrics["success_hop4"]
 
 
 def test_warm_up_lifts_root_auc_on_held_out_prompts(default_sft):
-    """The README's warm-up figures: V~ = 0.5 everywhere (AUC 0.5) before; after, on the test split, the reads
-    separate outcomes and spread over prompts. The bars are what the linear head has measured since the warm-up
+    """The warm-up figures (docs/predictor.md): V~ = 0.5 everywhere (AUC 0.5) before; after, on the test split, the
+    reads separate outcomes and spread over prompts. The bars are what the linear head has measured since the warm-up
     holds out whole questions (root AUC 0.528 and 0.538 on two SFT builds, prefix 0.594; 820 episodes: a standard
     error of about 0.02), not the issue's 0.65: the head is below the 0.656 a predictor knowing each question's
     success rate would score (`trace-jax bench contrast`), and that gap is open."""
@@ -88,11 +88,11 @@ def test_warm_up_lifts_root_auc_on_held_out_prompts(default_sft):
 
 
 def test_a_predictor_layer_lifts_root_auc_above_0_6(default_sft):
-    """The README's figures for `configs/hopworld_predictor_layer.yaml` (the issue's check: the warm-up moves root
-    AUC above 0.6 on the default world): a layer of the predictor's own, warmed up on 1,600 prompts, reads what the
+    """The figures (docs/predictor.md) for `configs/hopworld_predictor_layer.yaml` (the issue's check: the warm-up moves
+    root AUC above 0.6 on the default world): a layer of the predictor's own, warmed up on 1,600 prompts, reads what the
     linear head does not. Measured 0.607 root and 0.657 prefix AUC on the test split, V~ spread 0.111, root ECE 0.030
-    (an earlier fit of the same recipe: 0.615 and 0.656); 341 s of warm-up on 2 cores. The spread's bar is below
-    the issue's 0.10: on another SFT build (2026-12-03) it measured 0.089, with root and prefix AUC above their bars."""
+    (an earlier fit of the same recipe: 0.615 and 0.656); 341 s of warm-up on 2 cores. The spread's bar is below the
+    issue's 0.10: on another SFT build (2026-12-03) it measured 0.089, with root and prefix AUC above their bars."""
     from trace_jax.config import TrainConfig, load_config
     from trace_jax.envs.hopworld.family import HopWorldTask
     from trace_jax.train.loop import warm_up

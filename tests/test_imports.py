@@ -215,4 +215,5 @@ def test_no_module_imports_one_above_it_in_the_readme_layout():
     layer[PACKAGE] = -1  # trace_jax/__init__.py imports nothing: below every layer
     assert set(graph) <= set(layer), f"modules the map does not name: {sorted(set(graph) - set(layer))}"
     bad = layer_violations(graph, layer)
-    assert not bad, "imports of a module the README's Layout places above the importer:\n" + "\n".join(bad)
+    assert not bad, ("imports of a module the Layout map (docs/architecture.md) places above the importer:\n"
+                     + "\n".join(bad))

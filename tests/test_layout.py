@@ -1,4 +1,5 @@
-"""The README's architecture map ("Layout") names every module and folder of the package, and the repository's
+"""The architecture map (docs/architecture.md, "Layout") names every module and folder of the package, and the
+repository's
 top-level folders: it cannot drift from the tree unnoticed."""
 
 from layout_map import PACKAGE, ROOT, layout_text, module_entries
@@ -16,9 +17,10 @@ def test_the_layout_names_every_module_and_folder():
         parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
         if parts and ".".join((PACKAGE, *parts)) not in named:
             missing.append(str(path.relative_to(package)))
-    assert not missing, f"README's Layout does not name: {missing}"
+    assert not missing, f"the Layout map (docs/architecture.md) does not name: {missing}"
     assert not set(named) - {".".join((PACKAGE, *p.relative_to(package).with_suffix("").parts)).removesuffix(
-        ".__init__") for p in package.rglob("*.py")}, "README's Layout names modules that do not exist"
+        ".__init__") for p in package.rglob("*.py")}, (
+        "the Layout map (docs/architecture.md) names modules that do not exist")
     for folder in ("configs/", "docs/", "launch/", "colab/", "tests/"):
         assert folder in layout, folder
 

@@ -20,13 +20,27 @@ _COMMENT = re.compile(r"^\s+# (.*)$")
 
 
 def field_comments(cls: type) -> dict[str, str]:
-    """{field: the `# comment` on its line, or on the line above it} from the class source."""
-    out, above = {}, None
+    """{field: the `# comment` beside it, with the comment lines under it that continue it, or the comment lines
+    above it}. Comment lines between two fields continue the first one's comment when the second has its own."""
+    out: dict[str, str] = {}
+    block: list[str] = []  # comment lines since the last field
+    last = None  # the last field with a comment beside it, while only comment lines follow it
     for line in inspect.getsource(cls).splitlines():
         field, comment = _FIELD.match(line), _COMMENT.match(line)
-        if field and (field.group(3) or above):
-            out[field.group(1)] = field.group(3) or above
-        above = comment.group(1) if comment else None
+        if comment:
+            block.append(comment.group(1))
+            continue
+        if field and field.group(3):
+            if last and block:
+                out[last] += " " + " ".join(block)
+            out[field.group(1)], last = field.group(3), field.group(1)
+        elif field and block:
+            out[field.group(1)], last = " ".join(block), None
+        else:
+            last = None
+        block = []
+    if last and block:
+        out[last] += " " + " ".join(block)
     return out
 
 

@@ -65,8 +65,8 @@ def write_positions(cache: jax.Array, positions: jax.Array, new: jax.Array) -> j
     positions [rows, positions] (those >= cache_len dropped).
 
     A decode step's one position per row, in a bfloat16 cache on a CPU, is written by a select over the whole
-    cache: XLA:CPU would scatter bfloat16 by converting the whole cache to float32 and back at every step (README:
-    the sampler section). Everywhere else a scatter writes the new positions only."""
+    cache: XLA:CPU would scatter bfloat16 by converting the whole cache to float32 and back at every step
+    (docs/engine.md: the sampler section). Everywhere else a scatter writes the new positions only."""
     new = new.astype(cache.dtype)
 
     def scatter(cache: jax.Array, positions: jax.Array, new: jax.Array) -> jax.Array:

@@ -21,7 +21,7 @@ from trace_jax.models.config import ModelConfig
 
 def matmul(spec: str, x: jax.Array, w: jax.Array) -> jax.Array:
     """einsum(spec, x, w) in x's dtype (w cast to it), accumulated in float32: what a bfloat16 dot does on a TPU
-    or GPU anyway, and on a CPU 2.5-6x faster than XLA:CPU's dot with a bfloat16 output (README: the sampler
+    or GPU anyway, and on a CPU 2.5-6x faster than XLA:CPU's dot with a bfloat16 output (docs/engine.md: the sampler
     section). In float32, a plain einsum."""
     return jnp.einsum(spec, x, w.astype(x.dtype), preferred_element_type=jnp.float32).astype(x.dtype)
 
