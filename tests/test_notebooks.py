@@ -1,12 +1,14 @@
 """The Colab notebooks (launch/colab) run top to bottom offline, at the tiny sizes their TEST flag selects, and each
 opens with a Colab badge for its own path in the project's repository."""
 
+import fnmatch
 import os
 import re
 import tomllib
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).parent.parent
@@ -23,6 +25,63 @@ def test_each_notebook_links_and_installs_from_the_repository():
         assert f"{link}/{name}.ipynb" in book.cells[0].source, name  # the badge opens this notebook
         assert f'REPO = "{repo}"' in book.cells[1].source and "%pip install" in book.cells[1].source, name
         assert not any(cell.get("outputs") for cell in book.cells if cell.cell_type == "code"), f"{name}: outputs"
+        assert book.cells[1].source == _install_cell(), f"{name}: its install cell differs from quickstart's"
+
+
+def _install_cell() -> str:
+    return nbformat.read(COLAB / "quickstart.ipynb", as_version=4).cells[1].source
+
+
+def _run_install_cell(monkeypatch, devices: list[str], env: dict[str, str], upgrade: dict[str, str]) -> list[str]:
+    """The install cell as IPython runs it, on a runtime without trace-jax whose /dev holds `devices` and whose
+    environment has `env`; its %pip records its command and `upgrade`s the versions importlib.metadata reports.
+    Returns the %pip command line."""
+    import glob
+    import importlib.metadata
+    import importlib.util
+
+    from IPython.core.inputtransformer2 import TransformerManager
+    from IPython.utils.text import DollarFormatter
+
+    versions = {"numpy": "1.0", "jax": "0.1", "jaxlib": "0.1"}
+    commands, namespace = [], {}
+
+    class Shell:
+        def run_line_magic(self, magic: str, line: str) -> None:  # with {expressions} expanded, as IPython does
+            commands.append(f"%{magic} " + DollarFormatter().vformat(line, args=[], kwargs=namespace))
+            versions.update(upgrade)
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "trace_jax" else object())
+    monkeypatch.setattr(glob, "glob", lambda pattern: [d for d in devices if fnmatch.fnmatch(d, pattern)])
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: versions[name])
+    for key in ("TPU_ACCELERATOR_TYPE", "COLAB_TPU_ADDR"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    code = TransformerManager().transform_cell(_install_cell())
+    namespace["get_ipython"] = Shell
+    exec(compile(code, "<install cell>", "exec"), namespace)
+    (command,) = commands
+    return command
+
+
+@pytest.mark.parametrize("devices, env, tpu", [
+    ([], {}, False),  # a CPU runtime
+    (["/dev/accel0", "/dev/accel1"], {}, True),  # TPU v2-v4 VMs
+    (["/dev/vfio/0", "/dev/vfio/vfio"], {}, True),  # v5e and later: vfio devices
+    (["/dev/vfio/vfio"], {}, False),  # the vfio control node alone is no TPU
+    ([], {"TPU_ACCELERATOR_TYPE": "v5litepod-1"}, True),
+])
+def test_the_install_cell_adds_jax_tpu_only_on_a_tpu_runtime(monkeypatch, capsys, devices, env, tpu):
+    command = _run_install_cell(monkeypatch, devices, env, upgrade={})
+    assert command.startswith('%pip install -q "trace-jax @ git+https://github.com/trace-jax/trace-jax"')
+    assert command.endswith("jax[tpu]") == tpu
+    assert "restart" not in capsys.readouterr().out
+
+
+def test_the_install_cell_asks_for_a_restart_when_it_upgrades_a_loaded_module(monkeypatch, capsys):
+    _run_install_cell(monkeypatch, [], {}, upgrade={"numpy": "2.0", "jaxlib": "0.2"})
+    assert "upgraded numpy, jaxlib, which this session had loaded: restart the session" in capsys.readouterr().out
 
 
 # First in the kernel: runs get one device's mesh, as on Colab's CPU runtime, in a kernel with the session's 8 host
@@ -76,3 +135,33 @@ def test_bring_your_checkpoint_runs_top_to_bottom(kit, tmp_path):
     assert "retriever at http://127.0.0.1:" in printed and "<search>" in printed and "step 1: reward" in printed
     difference = float(re.search(r"JAX vs transformers: (\S+)", printed).group(1))
     assert difference < 1e-4
+
+
+@pytest.mark.slow
+def test_the_install_cell_installs_a_working_package_into_a_fresh_environment(tmp_path):
+    """The install cell, run by IPython in a fresh virtual environment with the package's wheel in place of the
+    repository: every module of the package then imports, and the CLI runs (the wheel's declared dependencies are
+    complete). Minutes: everything is installed from the package index."""
+    import shutil
+    import subprocess
+    import sys
+
+    run = lambda *cmd, **kw: subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800, **kw)
+    source = tmp_path / "source"  # the working tree's files (a build writes build/ beside its sources)
+    for name in run("git", "ls-files", "--cached", "--others", "--exclude-standard", cwd=ROOT).stdout.splitlines():
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(source))
+    (wheel,) = (tmp_path / "dist").glob("trace_jax-*.whl")
+    env = tmp_path / "fresh"
+    run(sys.executable, "-m", "venv", str(env))
+    run(str(env / "bin" / "pip"), "install", "-q", "ipython")
+    cell = _install_cell().replace('f"trace-jax @ git+{REPO}"', repr(str(wheel)))
+    assert str(wheel) in cell
+    run(str(env / "bin" / "ipython"), "-c", cell, cwd=tmp_path)
+    modules = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "trace_jax").rglob("*.py")
+                     if p.name != "__main__.py")
+    run(str(env / "bin" / "python"), "-c", f"import importlib; [importlib.import_module(m) for m in {modules!r}]",
+        cwd=tmp_path)
+    assert "usage: trace-jax" in run(str(env / "bin" / "trace-jax"), "--help", cwd=tmp_path).stdout
