@@ -14,9 +14,13 @@
 #   --topology TOPOLOGY    node selector gke-tpu-topology      [default 2x4: one v5e host, 8 chips]
 #   --chips N              TPU chips each pod (host) asks for  [default 8]
 #   --hosts N              hosts of the slice, one pod each     [default 1; > 1: a multi-host topology, the pods
-#                          join through jax.distributed (train --multi-host) and need checkpoint_dir=gs://...]
-#   --max-restarts N       JobSet restarts after a failure     [default 3; a restart trains from scratch]
+#                          join through jax.distributed (train --multi-host) and need checkpoint_dir=gs://...
+#                          or out_dir=gs://..., which every pod writes]
+#   --max-restarts N       JobSet restarts after a failure     [default 3; a restart reruns the same command, which
+#                          continues from the newest checkpoint when checkpoint_dir (or out_dir) is gs://...; on
+#                          the pod's own disk the checkpoints go with the pod and it trains from scratch]
 #   --config FILE          a YAML config from configs/ (baked into the image)
+#   --smoke                `trace-jax train --smoke`: a few steps at the config's shapes on random weights
 #   --dry-run              print the docker/kubectl commands instead of running them
 # The cluster needs the JobSet controller (kubectl apply --server-side -f
 # https://github.com/kubernetes-sigs/jobset/releases/download/v0.8.0/manifests.yaml) and a TPU node pool.
@@ -31,10 +35,11 @@ chips=8
 hosts=1
 max_restarts=3
 config=""
+smoke=0
 dry=0
 
 # shellcheck source=launch/common.sh
-source launch/common.sh  # usage, die, run
+source launch/common.sh  # usage, die, run, train_checkpoint_dir
 
 [ $# -ge 1 ] || { usage; exit 2; }
 command=$1
@@ -51,6 +56,7 @@ while [ $# -gt 0 ]; do
     --hosts) hosts=${2:?--hosts needs a value}; shift 2 ;;
     --max-restarts) max_restarts=${2:?--max-restarts needs a value}; shift 2 ;;
     --config) config=${2:?--config needs a value}; shift 2 ;;
+    --smoke) smoke=1; shift ;;
     --dry-run) dry=1; shift ;;
     -h|--help) usage; exit 0 ;;
     --) shift; overrides=("$@"); break ;;
@@ -59,22 +65,22 @@ while [ $# -gt 0 ]; do
 done
 [[ $chips =~ ^[0-9]+$ && $max_restarts =~ ^[0-9]+$ && $hosts =~ ^[1-9][0-9]*$ ]] ||
   die "--chips, --hosts and --max-restarts take whole numbers (--hosts at least 1)"
-if [ "$hosts" -gt 1 ] && { [ "$command" = render ] || [ "$command" = apply ]; }; then
-  gs=0
-  for o in "${overrides[@]}"; do [[ $o == checkpoint_dir=gs://* ]] && gs=1; done
-  [ "$gs" = 1 ] || die "--hosts $hosts: every pod writes its shards of each checkpoint, so pass" \
-    "-- checkpoint_dir=gs://BUCKET/PATH (a path all pods reach)"
-fi
 [[ $name =~ ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$ ]] || die "--name '$name' must be a DNS label (a-z, 0-9, -)"
 if [ -n "$config" ] && [ ! -f "$config" ]; then
   die "config file '$config' not found (it must be in this checkout, which the image holds)"
 fi
+if [ "$hosts" -gt 1 ] && { [ "$command" = render ] || [ "$command" = apply ]; }; then
+  [[ $(train_checkpoint_dir "$config" "${overrides[@]}") == gs://* ]] || die "--hosts $hosts: every pod writes" \
+    "its shards of each checkpoint, so pass -- checkpoint_dir=gs://BUCKET/PATH (a path all pods reach)"
+fi
 
 need_image() { [ -n "$image" ] || die "$command needs --image (where the image is pushed)"; }
 
-# The container's arguments as a YAML flow list of JSON strings: train [--multi-host] [--config F] key=value ...
+# The container's arguments as a YAML flow list of JSON strings:
+# train [--smoke] [--multi-host] [--config F] key=value ...
 args_list() {
   local args=(train) out="" a
+  [ "$smoke" = 1 ] && args+=(--smoke)
   [ "$hosts" -gt 1 ] && args+=(--multi-host)
   [ -n "$config" ] && args+=(--config "$config")
   args+=("${overrides[@]}")

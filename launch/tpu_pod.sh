@@ -14,20 +14,26 @@
 #   --type TYPE        accelerator type                   [TPU_TYPE, default v5litepod-8: one host; larger: several]
 #   --version VERSION  TPU software version               [TPU_VERSION, default: the type's base image]
 #   --project PROJECT  Google Cloud project               [TPU_PROJECT, default: gcloud's configured one]
-#   --spot             spot capacity (preemptible); --reserved: a reservation
+#   --spot             spot capacity (preemptible; needs gs:// checkpoints); --reserved: a reservation
 #   --queued           create through a queued resource (waits for capacity)
 #   --slices N         N slices of --type joined over the data-center network (multislice; needs --queued):
 #                      nodes NAME-0 .. NAME-(N-1), every worker of every slice trains  [TPU_SLICES, default 1]
 #   --config FILE      YAML config for `trace-jax train`  [TPU_CONFIG]
-#   --run-dir DIR      where the run writes on the VM      [TPU_RUN_DIR, default runs/tpu; a local path]
+#   --run-dir DIR      the run's out_dir: metrics, TensorBoard, evaluations, the final policy  [TPU_RUN_DIR,
+#                      default NAME, i.e. ~/trace-jax-runs/NAME on the VM; or gs://BUCKET/PATH]
 #   --checkpoint-dir D orbax checkpoints, e.g. gs://BUCKET/run  [TPU_CHECKPOINT_DIR, default RUN_DIR/checkpoints;
-#                      a multi-host type needs a gs:// path, which every worker writes]
-#   --resume           train: continue the run in --run-dir from its newest checkpoint (after a preemption)
+#                      a multi-host type or --spot needs a gs:// path (or a gs:// --run-dir)]
+#   --staged gs://B/P  train: first copy what launch/stage.sh put in gs://B/P/staged to ~/trace-jax-runs/staged
+#                      on every worker (the base policy and QA files trace-jax reads from local disk)  [TPU_STAGED]
+#   --smoke            train: `trace-jax train --smoke`, a few steps at the config's shapes on random weights
+#   --resume           train: require a checkpoint to continue from (the same command continues one without it)
 #   --dry-run          print the gcloud commands instead of running them
 #
-# A multi-host type (e.g. v5litepod-16, v4-16), or several slices, runs `trace-jax train --multi-host` on every
-# worker: they join through jax.distributed (found automatically on a TPU VM) and train as one run, the mesh's
-# data axis spanning the slices. See launch/README.md.
+# On the VM, ~/trace-jax holds the code (`install` replaces it) and ~/trace-jax-runs everything else: it is
+# train's working directory (relative paths in the config resolve there), with the run directory, logs/NAME.log
+# and staged/. A multi-host type (e.g. v5litepod-16, v4-16), or several slices, runs `trace-jax train
+# --multi-host` on every worker: they join through jax.distributed (found automatically on a TPU VM) and train
+# as one run, the mesh's data axis spanning the slices. See launch/README.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,17 +43,20 @@ type=${TPU_TYPE:-v5litepod-8}
 version=${TPU_VERSION:-}
 project=${TPU_PROJECT:-}
 config=${TPU_CONFIG:-}
-run_dir=${TPU_RUN_DIR:-runs/tpu}
+run_dir=${TPU_RUN_DIR:-}
 checkpoint_dir=${TPU_CHECKPOINT_DIR:-}
+staged=${TPU_STAGED:-}
 slices=${TPU_SLICES:-1}
 capacity=""
 queued=0
 resume=0
+smoke=0
 dry=0
-remote_dir=trace-jax
+remote_dir=trace-jax     # the code, replaced by install
+work_dir=trace-jax-runs  # train's working directory: runs, logs, staged inputs, data built on first use
 
 # shellcheck source=launch/common.sh
-source launch/common.sh  # usage, die, run
+source launch/common.sh  # usage, die, run, train_checkpoint_dir
 
 [ $# -ge 1 ] || { usage; exit 2; }
 command=$1
@@ -64,10 +73,12 @@ while [ $# -gt 0 ]; do
     --config) config=${2:?--config needs a value}; shift 2 ;;
     --run-dir) run_dir=${2:?--run-dir needs a value}; shift 2 ;;
     --checkpoint-dir) checkpoint_dir=${2:?--checkpoint-dir needs a value}; shift 2 ;;
+    --staged) staged=${2:?--staged needs a value}; shift 2 ;;
     --spot) capacity=--spot; shift ;;
     --reserved) capacity=--reserved; shift ;;
     --queued) queued=1; shift ;;
     --slices) slices=${2:?--slices needs a value}; shift 2 ;;
+    --smoke) smoke=1; shift ;;
     --resume) resume=1; shift ;;
     --dry-run) dry=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -75,6 +86,7 @@ while [ $# -gt 0 ]; do
     *) die "unknown option '$1' (see: bash launch/tpu_pod.sh --help)" ;;
   esac
 done
+run_dir=${run_dir:-$name}
 
 # One host holds up to 8 of the unit the type counts (v4/v5p: TensorCores, v5e/v6e: chips): v4-8, v5p-8,
 # v5litepod-8 and v6e-8 are the largest single-host slices.
@@ -90,23 +102,51 @@ size=${type##*-}
 [[ $size =~ ^[0-9]+$ ]] || die "accelerator type '$type' does not end in a size"
 [[ $slices =~ ^[1-9][0-9]*$ ]] || die "--slices must be a positive integer, got '$slices'"
 [ "$slices" = 1 ] || [ "$queued" = 1 ] || die "--slices $slices creates a multislice queued resource: add --queued"
+if [ -n "$config" ] && [ ! -f "$config" ]; then
+  die "config file '$config' not found"
+fi
+
+# What train passes after the config: its out_dir, checkpoint_dir, then the user's overrides (the last one wins).
+train_args=("out_dir=$run_dir")
+[ -n "$checkpoint_dir" ] && train_args+=("checkpoint_dir=$checkpoint_dir")
+train_args+=("${overrides[@]}")
+checkpoints=$(train_checkpoint_dir "$config" "${train_args[@]}")
+
+local_dir_ok() {  # a path on the workers: outside the code directory, which install replaces
+  local option=$1 dir=$2
+  [[ -z $dir || $dir == gs://* ]] && return 0
+  [[ $dir == "~"* ]] && die "$option '$dir': '~' is not expanded on the workers; give an absolute path or one" \
+    "relative to ~/$work_dir (train's working directory)"
+  if [[ $dir =~ ^(/home/[^/]+/|/root/|(\./)*\.\./)$remote_dir(/|$) ]]; then
+    die "$option '$dir' is inside ~/$remote_dir, the code directory that install replaces: give a path outside" \
+      "it, relative to ~/$work_dir (train's working directory; e.g. $option $name) or gs://BUCKET/PATH"
+  fi
+}
+
 multi_host=0
 if [ "$size" -gt 8 ] || [ "$slices" -gt 1 ]; then
   multi_host=1
   what="$type is a multi-host slice"
   [ "$slices" -gt 1 ] && what="$slices slices of $type are several hosts"
   if [ "$command" = up ] || [ "$command" = train ]; then
-    [[ $checkpoint_dir == gs://* ]] || die "$what: every worker writes its shards of each" \
+    [[ $checkpoints == gs://* ]] || die "$what: every worker writes its shards of each" \
       "checkpoint, so pass --checkpoint-dir gs://BUCKET/PATH (a path all workers reach)"
   fi
+fi
+if [ "$capacity" = --spot ] && { [ "$command" = up ] || [ "$command" = train ] || [ "$command" = create ]; }; then
+  [[ $checkpoints == gs://* ]] || die "--spot: a preempted spot VM comes back without its disk, so the run" \
+    "continues only from checkpoints outside it: pass --checkpoint-dir gs://BUCKET/PATH (or --run-dir gs://...)"
+fi
+if [ "$command" = up ] || [ "$command" = train ]; then
+  local_dir_ok --run-dir "$run_dir"
+  local_dir_ok --checkpoint-dir "$checkpoint_dir"
+  [[ -z $staged || $staged == gs://* ]] || die "--staged '$staged': give the gs:// path that launch/stage.sh" \
+    "--bucket staged to"
 fi
 nodes=("$name")  # the TPU VMs: one, or NAME-0 .. NAME-(N-1) of a multislice queued resource
 if [ "$slices" -gt 1 ]; then
   nodes=()
   for ((i = 0; i < slices; i++)); do nodes+=("$name-$i"); done
-fi
-if [ -n "$config" ] && [ ! -f "$config" ]; then
-  die "config file '$config' not found"
 fi
 
 where=(--zone "$zone")
@@ -154,34 +194,41 @@ scp_all() {  # a local file to every worker of every node
 }
 
 install() {
+  # Replaces ~/trace-jax only. runs/ or artifacts/ left in it by an older layout (or by hand) are moved to
+  # ~/trace-jax-runs, where train's relative paths now resolve, never deleted.
   local archive=/tmp/trace-jax-$$.tar.gz
   run git archive --format=tar.gz -o "$archive" HEAD
   scp_all "$archive" trace-jax.tar.gz
-  ssh_all "set -e; rm -rf $remote_dir; mkdir -p $remote_dir; tar -xzf trace-jax.tar.gz -C $remote_dir; \
+  ssh_all "set -e; mkdir -p $work_dir; for d in runs artifacts; do if [ -e $remote_dir/\$d ]; then \
+if [ -e $work_dir/\$d ]; then echo \"install: ~/$remote_dir/\$d and ~/$work_dir/\$d both exist: merge them by \
+hand\" >&2; exit 2; fi; mv $remote_dir/\$d $work_dir/; fi; done; \
+rm -rf $remote_dir; mkdir -p $remote_dir; tar -xzf trace-jax.tar.gz -C $remote_dir; \
 cd $remote_dir; python3 -m venv .venv; .venv/bin/pip install -q --upgrade pip; \
 .venv/bin/pip install -q -e '.[gcs]' 'jax[tpu]'; .venv/bin/python -c 'import jax; print(jax.devices())'"
   [ "$dry" = 1 ] || rm -f "$archive"
 }
 
 train() {
-  local cmd=(.venv/bin/trace-jax train)
+  local cmd=("../$remote_dir/.venv/bin/trace-jax" train) pull=""
+  [ "$smoke" = 1 ] && cmd+=(--smoke)
   [ "$resume" = 1 ] && cmd+=(--resume)
   [ "$multi_host" = 1 ] && cmd+=(--multi-host)
   if [ -n "$config" ]; then
     scp_all "$config" "$remote_dir/launch_config.yaml"
-    cmd+=(--config launch_config.yaml)
+    cmd+=(--config "../$remote_dir/launch_config.yaml")
   fi
-  cmd+=("out_dir=$run_dir")
-  [ -n "$checkpoint_dir" ] && cmd+=("checkpoint_dir=$checkpoint_dir")
-  cmd+=("${overrides[@]}")
+  cmd+=("${train_args[@]}")
+  if [ -n "$staged" ]; then
+    pull="gcloud storage rsync -r --delete-unmatched-destination-objects $(printf %q "${staged%/}/staged") staged && "
+  fi
   local quoted
   quoted=$(printf '%q ' "${cmd[@]}")
-  ssh_all "cd $remote_dir && mkdir -p logs && nohup $quoted > logs/train.log 2>&1 &"
+  ssh_all "mkdir -p $work_dir/logs && cd $work_dir && ${pull}nohup $quoted > logs/$name.log 2>&1 &"
 }
 
 logs() {
   run gcloud compute tpus tpu-vm ssh "${nodes[0]}" "${where[@]}" --worker=0 \
-    --command "tail -n +1 -F $remote_dir/logs/train.log"
+    --command "tail -n +1 -F $work_dir/logs/$name.log"
 }
 
 delete() {
