@@ -304,7 +304,8 @@ class TrainConfig:
     keep_checkpoints: int = 3  # newest checkpoints kept
     seed: int = 0  # prompts, rollouts, warm-up and evaluation keys all derive from it
     init_checkpoint: str = "runs/hopworld_sft/checkpoints"  # built with `sft` settings if missing
-    out_dir: str = "runs/hopworld_trace"  # metrics, plots, checkpoints and the final policy
+    out_dir: str = "runs/hopworld_trace"  # metrics, plots, checkpoints and the final policy; gs://bucket/run (the gcs
+    # extra): written to a local copy (~/.cache/trace-jax/runs) mirrored there each step, continued on a new VM
     checkpoint_dir: str = ""  # orbax checkpoints ("": out_dir/checkpoints); several hosts: one all reach, gs://b/x
     data_dir: str = "artifacts/tfds"  # TFDS data (built on first use)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -31,8 +30,8 @@ BUDGET_KEYS = ("allocator", "roots", "continuations", "group_size", "equal_cost"
 
 
 def run_checkpoints_dir(cfg: TrainConfig) -> epath.Path:
-    """Where cfg's run keeps its orbax checkpoints: cfg.checkpoint_dir, or out_dir/checkpoints."""
-    return checkpoint_path(cfg.checkpoint_dir or Path(cfg.out_dir, "checkpoints"))
+    """Where cfg's run keeps its orbax checkpoints: cfg.checkpoint_dir, or out_dir/checkpoints (gs:// too)."""
+    return checkpoint_path(cfg.checkpoint_dir) if cfg.checkpoint_dir else checkpoint_path(cfg.out_dir) / "checkpoints"
 
 
 class RunCheckpoints:

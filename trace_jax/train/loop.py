@@ -41,6 +41,7 @@ from trace_jax.train.checkpoint import (
     run_checkpoints_dir,
 )
 from trace_jax.train.preemption import Preempted, sigterm_stops
+from trace_jax.train.run_dir import RunDir, check_storage
 from trace_jax.train.step import StepSpec, TrainState, make_optimizer
 from trace_jax.train.steps import make_step
 from trace_jax.train.warmup import WarmupSpec, warm_up_predictor
@@ -208,6 +209,19 @@ def equal_cost_budget(cfg: TrainConfig, probe: Callable[[StepSpec], dict[str, ja
     return Budget(roots, 0, g)
 
 
+def probed_budget(cfg: TrainConfig, task: Task, graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
+                  state: TrainState, mesh: jax.sharding.Mesh) -> Budget:
+    """A new run's budget (`equal_cost_budget`), probed with its own step from `state` (left as it is)."""
+    return equal_cost_budget(cfg, lambda spec: make_step(graphdef, tx, spec, cfg.chunk_slots, task.host)(
+        jax.tree.map(jnp.copy, state), task.env, task.pool(0, mesh), jax.random.key(cfg.seed + 1))[1],
+        task.pad_id, mesh)
+
+
+def checkpoint_meta(cfg: TrainConfig, step: int, budget: Budget) -> dict:
+    """What a checkpoint of step `step` keeps beside the state: its budget, data position and config."""
+    return {"step": step, **budget._asdict(), "loader": {"seed": cfg.seed, "step": step}, "config": to_dict(cfg)}
+
+
 def record_step(log: MetricsLogger, step: int, metrics: dict[str, jax.Array]) -> dict[str, float]:
     """A step's metrics as floats; its ARRAY_METRICS go to allocation.jsonl and the pool V~ histogram. Warns
     when the update was skipped, or ran unpacked because the tree did not fit the packing."""
@@ -249,7 +263,8 @@ def log_evaluation(log: MetricsLogger, out: Path, cfg: TrainConfig, step: int, e
 def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = False,
           step0_eval: Evaluation | None = None, on_log: Callable[[int, dict[str, float]], None] | None = None,
           start: str | Path | None = None) -> dict[str, float]:
-    """Run RL on cfg's task family (`env`); returns the last step's metrics. Everything lands under cfg.out_dir.
+    """Run RL on cfg's task family (`env`); returns the last step's metrics. Everything lands under cfg.out_dir
+    (gs://bucket/run: a local working copy mirrored there, `train.run_dir`).
 
     on_log(step, metrics): called in process 0 with each row written to metrics.jsonl as floats (NaN where it has
     null; step 0: the warm-up and the starting evaluation), e.g. to redraw live plots in a notebook.
@@ -265,14 +280,18 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
     run whose checkpoint directory holds this run's checkpoints continues them, and one holding another run's
     fails first thing (`checkpoint.resume_point`).
     """
+    check_storage(cfg.out_dir, cfg.checkpoint_dir)
     family = check_family(cfg)
-    out = Path(cfg.out_dir)
+    run = RunDir.of(cfg.out_dir)
+    out = run.local
     checked = resume_point(cfg, resume, allow_config_change)  # before any work or write
     resume = checked is not None
     main = distributed.is_main()  # the process that writes the run's files (every process checkpoints)
     if main:
+        run.pull(resume)  # a remote out_dir's logs, which a resumed run continues
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        run.push()
     task: Task = family.setup(cfg)
     env = task.env
     mesh = shd.make_mesh(cfg.mesh)
@@ -283,9 +302,7 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
     graphdef, params = placed(model, mesh)
     tx, state, ckpts, start, budget = run_state(cfg, params, checked if resume else None, allow_config_change)
     if budget is None:
-        budget = equal_cost_budget(cfg, lambda spec: make_step(graphdef, tx, spec, cfg.chunk_slots, task.host)(
-            jax.tree.map(jnp.copy, state), env, task.pool(0, mesh), jax.random.key(cfg.seed + 1))[1],
-            task.pad_id, mesh)
+        budget = probed_budget(cfg, task, graphdef, tx, state, mesh)
     spec = step_spec(cfg, budget, task.pad_id, mesh)
     step_fn = make_step(graphdef, tx, spec, cfg.chunk_slots, task.host)
     key = jax.random.key(cfg.seed)
@@ -307,6 +324,8 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
             first = dict(warmup)
             log_eval(0, first, step0_eval)
             log.log(0, first)
+            if main:
+                run.push(retry_later=True)
         bar = tqdm(range(start + 1, cfg.steps + 1), desc=f"train {cfg.allocator}", initial=start, total=cfg.steps,
                    disable=not main)
         for step in bar:
@@ -317,15 +336,20 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 log_eval(step, last)
             log.log(step, last)
+            if main:
+                run.push(retry_later=True)
             bar.set_postfix(reward=f"{last['reward']:.2f}", eff=f"{last['effective_ratio']:.2f}")
-            checkpoint_step(cfg, ckpts, step, state, {"step": step, **budget._asdict(), "loader": {
-                "seed": cfg.seed, "step": step}, "config": to_dict(cfg)}, distributed.any_process(stop_requested()))
+            checkpoint_step(cfg, ckpts, step, state, checkpoint_meta(cfg, step, budget),
+                            distributed.any_process(stop_requested()))
     ckpts.close()
     policy = task.save_policy(nnx.merge(graphdef, state.params), out)  # every process (a sharded save gathers)
     if not main:
         return last
     logged = {k for row in read_metrics(out) for k in row}
     plot = plot_metrics(out, keys=[k for k in family.plot_keys if k in logged])
+    run.push()
     print(f"train: metrics {out / 'metrics.jsonl'} and {out / 'tensorboard'}, plot {plot}, "
           f"checkpoints {ckpts.directory}, policy {policy}")
+    if run.remote is not None:
+        print(f"train: all mirrored to {run.remote}")
     return last
