@@ -35,10 +35,18 @@ def _train(args: argparse.Namespace) -> int:
     if args.allow_config_change and not args.resume:
         raise ValueError("--allow-config-change only applies with --resume; add --resume to continue the run "
                          "in out_dir")
+    if args.smoke and args.resume:
+        raise ValueError("--smoke checks a config before its run and never resumes one; drop --resume")
+    if not args.smoke and (args.smoke_steps is not None or args.preset is not None):
+        raise ValueError("--smoke-steps and --preset only apply with --smoke (a real run loads the policy's weights)")
     cluster = distributed.Cluster(args.coordinator, args.num_processes, args.process_id, auto=args.multi_host)
     cfg = load_config(TrainConfig, args.config, args.overrides)
     distributed.join(cluster)
     with distributed.stdout_from_main():
+        if args.smoke:
+            from trace_jax.train.smoke import smoke
+
+            return 0 if smoke(cfg, args.smoke_steps or SMOKE_STEPS, args.preset) else 1
         train(cfg, resume=args.resume, allow_config_change=args.allow_config_change)
     return 0
 
@@ -314,6 +322,8 @@ def _data_show(args: argparse.Namespace) -> int:
     return 0
 
 
+SMOKE_STEPS = 3  # `train --smoke` without --smoke-steps
+
 # `compare --quick`: a smoke-sized comparison, applied before the user's overrides
 QUICK_COMPARE = ["seeds=2", "methods=[trace,grpo,grpo_matched]", "train.steps=6", "train.eval_every=6",
                  "train.warmup.batches=4", "train.eval_samples=1"]
@@ -354,16 +364,29 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true",
                        help="continue from the newest checkpoint in checkpoint_dir (default out_dir/checkpoints). "
                             "Without it a run continues by itself when that directory holds checkpoints of the same "
-                            "config (the same command restarted), and refuses to start when they are another "
-                            "run's. With it: fails before any work if there is none, or if the config differs from the one that "
-                            "checkpoint was saved with. Changes allowed (they alter neither the algorithm nor what the "
-                            "metrics measure): steps (to extend the run; not below the checkpoint's step), eval_every, "
-                            "checkpoint_every, keep_checkpoints, out_dir, checkpoint_dir and data_dir (a moved run, "
-                            "checkpoints or dataset), mesh.*, chunk_slots, refill_slots, remat, pack_rows, "
-                            "pack_len and pack_block (device layout, schedule and memory); any other needs "
-                            "--allow-config-change")
+                            "config (the same command restarted), and refuses to start when they are another run's. "
+                            "With it: fails before any work if there is none, or if the config differs from the one "
+                            "that checkpoint was saved with. Changes allowed (they alter neither the algorithm nor "
+                            "what the metrics measure): steps (to extend the run; not below the checkpoint's step), "
+                            "eval_every, checkpoint_every, keep_checkpoints, out_dir, checkpoint_dir and data_dir (a "
+                            "moved run, checkpoints or dataset), mesh.*, chunk_slots, refill_slots, remat, pack_rows,"
+                            " pack_len and pack_block (device layout, schedule and memory); any other needs --allow-"
+                            "config-change")
     train.add_argument("--allow-config-change", action="store_true",
                        help="with --resume: continue even though other config keys changed (they are listed)")
+    smoke = train.add_argument_group(
+        "smoke check", "Check a slice before the real run: the config's first steps at its real shapes on random "
+        "weights, predictor warm-up and evaluations off. Prints each step's time, generated tokens/s and device "
+        "memory, saves and restores a checkpoint on the run's storage, then a one-line verdict (exit 1 when it "
+        "failed). It writes under out_dir/smoke only (with checkpoint_dir set, its checkpoints go to "
+        "<checkpoint_dir>-smoke), so the real run never resumes from its checkpoints. It fails first naming "
+        "what is not staged (tokenizer, data, retriever).")
+    smoke.add_argument("--smoke", action="store_true", help="run the smoke check instead of training")
+    smoke.add_argument("--smoke-steps", type=_positive_int, default=None, metavar="N",
+                       help=f"steps of the smoke check (default {SMOKE_STEPS}; the first one compiles)")
+    smoke.add_argument("--preset", default=None,
+                       help="the policy's dims when its directory has no config.json yet: a public model's, "
+                            "qwen3-8b | qwen3-14b (as `trace-jax plan-memory --preset`)")
     hosts = train.add_argument_group(
         "several hosts", "Start the same command on every host; they join through jax.distributed and train as one "
         "run on all their devices (the mesh spans them). Process 0 prints and writes the logs, metrics and plots; "

@@ -98,6 +98,8 @@ class Family:
     check_config: Callable[[TrainConfig], None] | None = None  # raises on a config the family cannot run
     score_responses: Callable[[TrainConfig, Path], Evaluation] | None = None  # grades responses written elsewhere
     # (`trace-jax eval --responses FILE.jsonl`), with no policy
+    missing_inputs: Callable[[TrainConfig], list[str]] | None = None  # what a run needs staged besides its weights
+    # (tokenizer, data files, services) that is missing, one line each naming its config key (`train.smoke`)
 
 
 def task_section(cfg: TrainConfig, family: Family) -> Any:

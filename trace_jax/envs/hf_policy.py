@@ -17,13 +17,23 @@ from trace_jax.models.config import ModelConfig
 from trace_jax.models.hf_io import from_pretrained, save_pretrained
 from trace_jax.models.qwen3 import Policy
 
+TOKENIZER_FILE = "tokenizer_config.json"  # what every HF tokenizer directory holds (with tokenizer.json, ...)
+
+
+def missing_tokenizer(policy_dir: str | Path, key: str) -> list[str]:
+    """[] when policy_dir holds a tokenizer, else the line naming what to stage there (`Family.missing_inputs`)."""
+    path = Path(policy_dir)
+    return [] if (path / TOKENIZER_FILE).is_file() else [
+        f"{key}={path}: the policy's tokenizer ({TOKENIZER_FILE}, tokenizer.json, ...; the HF checkpoint's files)"]
+
 
 def load_tokenizer(policy_dir: str | Path, key: str, kit: str) -> PreTrainedTokenizerBase:
-    """The tokenizer of the checkpoint in policy_dir; errors name the config key and the command writing a kit."""
+    """The tokenizer of the checkpoint in policy_dir (its weights may come later: a smoke run on random weights);
+    errors name the config key and the command writing a kit."""
     path = Path(policy_dir)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{key}={path} holds no HF checkpoint (config.json); point it at a local Qwen3 "
-                                f"directory, or write the tiny one with `{kit}`")
+    if not (path / TOKENIZER_FILE).is_file():
+        raise FileNotFoundError(f"{key}={path} holds no tokenizer ({TOKENIZER_FILE}); point it at a local Qwen3 "
+                                f"directory (config.json, safetensors, tokenizer), or write the tiny one with `{kit}`")
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         raise ValueError(f"the tokenizer in {path} has no pad token; set pad_token in its tokenizer_config.json")

@@ -160,17 +160,17 @@ def plan_config(cfg: TrainConfig, chip: str | Chip, chips: int, preset: str | No
     return plan
 
 
-def check_fits(cfg: TrainConfig, mesh: Mesh, hbm_bytes: int | None = None) -> None:
+def check_fits(cfg: TrainConfig, mesh: Mesh, hbm_bytes: int | None = None, preset: str | None = None) -> None:
     """Before any work: fail if cfg's step does not fit the devices of `mesh`, naming the bytes needed and available
     and the chunk_slots to set. hbm_bytes: per device (default: what the devices report as `bytes_limit`; a CPU
-    reports nothing and is not checked)."""
+    reports nothing and is not checked); preset: the PRESETS dims of a policy whose checkpoint is not there yet."""
     if hbm_bytes is None:
         stats = mesh.local_devices[0].memory_stats() or {}  # a device of this process (multi-host)
         if "bytes_limit" not in stats:
             return
         hbm_bytes = int(stats["bytes_limit"])
     device = Chip(mesh.local_devices[0].device_kind, hbm_bytes, "reported by the device")
-    plan = plan_config(cfg, device, mesh.size)
+    plan = plan_config(cfg, device, mesh.size, preset)
     if plan.total_bytes > plan.budget_bytes:
         raise ValueError(f"the step at {plan.slots} slots needs {plan.total_bytes / GiB:.1f} GiB per device, "
                          f"{plan.budget_bytes / GiB:.1f} GiB usable of {hbm_bytes / GiB:.1f} GiB; set "

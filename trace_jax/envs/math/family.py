@@ -23,7 +23,7 @@ from trace_jax.config import TrainConfig
 from trace_jax.envs import hf_policy
 from trace_jax.envs.family import Evaluation, Family, TurnShape, task_section
 from trace_jax.envs.math.config import MathConfig
-from trace_jax.envs.math.dataset import build_problems, read_problems
+from trace_jax.envs.math.dataset import FORMATS, build_problems, read_problems
 from trace_jax.envs.math.env import MathEnv, prompt_ids
 from trace_jax.envs.math.sandbox import SandboxPool
 from trace_jax.envs.math.verifier import Verifier, last_boxed
@@ -222,7 +222,21 @@ def policy_model(cfg: TrainConfig, preset: str | None = None) -> tuple[ModelConf
     return hf_policy.policy_dims(m.policy_dir, m.dtype, cfg, preset)
 
 
+def missing_inputs(cfg: TrainConfig) -> list[str]:
+    """The tokenizer and the problem files (train, and each evaluation set task.eval_sets names), where missing
+    (`Family.missing_inputs`)."""
+    m = task_section(cfg, FAMILY)
+    root = Path(m.problems_dir)
+    missing = hf_policy.missing_tokenizer(m.policy_dir, "task.policy_dir")
+    has = lambda name: any(root.joinpath(f"{name}.{f}").is_file() for f in FORMATS)
+    if not has("train"):
+        missing.append(f"task.problems_dir={root}: train.jsonl (or .json, .parquet), rows with `problem` and `answer`")
+    missing += [f"task.problems_dir={root}: eval/{s}.jsonl (or .json, .parquet)" for s in m.eval_sets
+                if not has(f"eval/{s}")]
+    return missing
+
+
 FAMILY = Family(name="math", setup=MathTask, turn_shape=turn_shape, policy_model=policy_model, config=MathConfig,
                 description="tool-integrated math: ```python blocks run in a sandbox, \\boxed{} graded by math-verify",
                 success_metric="eval/average/accuracy", policy_dir="hf", plot_keys=PLOT_KEYS, records=(ANSWERS_FILE,),
-                score_responses=score_responses)
+                score_responses=score_responses, missing_inputs=missing_inputs)

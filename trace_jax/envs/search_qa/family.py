@@ -10,6 +10,7 @@ each pool, and its environment calls the retriever for its own slots only; proce
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import jax
@@ -20,6 +21,7 @@ from trace_jax import distributed
 from trace_jax import sharding as shd
 from trace_jax.config import TrainConfig
 from trace_jax.data.search_qa_prompts import Questions, load_questions
+from trace_jax.data.search_qa_tfds import FORMATS
 from trace_jax.envs import hf_policy
 from trace_jax.envs.family import Evaluation, Family, TurnShape
 from trace_jax.envs.search_qa.env import SearchQAEnv
@@ -27,7 +29,7 @@ from trace_jax.evaluate_qa import averages, evaluate_set, markdown
 from trace_jax.models.config import ModelConfig
 from trace_jax.models.hf_io import from_pretrained
 from trace_jax.models.qwen3 import Policy, with_predictor_layers
-from trace_jax.retrieval.client import RetrieverClient
+from trace_jax.retrieval.client import RetrieverClient, RetrieverError
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
 
@@ -119,7 +121,24 @@ def policy_model(cfg: TrainConfig, preset: str | None = None) -> tuple[ModelConf
     return hf_policy.policy_dims(cfg.search_qa.policy_dir, cfg.search_qa.dtype, cfg, preset)
 
 
+def missing_inputs(cfg: TrainConfig) -> list[str]:
+    """The tokenizer, the QA files (each training dataset's train split, each evaluated one's test or dev) and a
+    retriever that answers, where missing (`Family.missing_inputs`)."""
+    sq, qa = cfg.search_qa, Path(cfg.search_qa.qa_dir)
+    missing = hf_policy.missing_tokenizer(sq.policy_dir, "search_qa.policy_dir")
+    has = lambda dataset, *splits: any((qa / dataset / f"{s}.{f}").is_file() for s in splits for f in FORMATS)
+    missing += [f"search_qa.qa_dir={qa}: {d}/train.jsonl (or .parquet)" for d in sq.train_datasets
+                if not has(d, "train")]
+    missing += [f"search_qa.qa_dir={qa}: {d}/test.jsonl or {d}/dev.jsonl (or .parquet)" for d in sq.eval_datasets
+                if not has(d, "test", "dev")]
+    try:
+        RetrieverClient(dataclasses.replace(sq.retriever, retries=0, cache_dir=None)).retrieve(["who wrote hamlet"])
+    except RetrieverError as e:
+        missing.append(f"search_qa.retriever.url={sq.retriever.url}: a retriever answering there ({e})")
+    return missing
+
+
 FAMILY = Family(name="search_qa", setup=SearchQATask, turn_shape=turn_shape, policy_model=policy_model,
                 description="Search-R1's multi-hop QA: an HF Qwen3 policy and a /retrieve server (host tool)",
                 success_metric="eval/average/em", policy_dir="hf", plot_keys=PLOT_KEYS,
-                records=(ANSWERS_FILE,))
+                records=(ANSWERS_FILE,), missing_inputs=missing_inputs)
