@@ -121,7 +121,8 @@ def test_quick_compare_end_to_end_from_raw_metrics(tmp_path, capsys):
     assert {p.name for p in (tmp_path / "ckpts").iterdir() if any(p.glob("seed3/*/meta"))} == {"trace", "grpo_matched"}
     shutil.rmtree(out / "runs/grpo_matched/seed3/policy")
     assert main(["compare", "--quick", "--methods", "trace,grpo_matched", *args]) == 0
-    assert "compare: grpo_matched, seed 3 (resuming its newest checkpoint)" in capsys.readouterr().out
+    out_text = capsys.readouterr().out
+    assert "compare: grpo_matched, seed 3" in out_text and "holds this run's checkpoint at step 2" in out_text
     assert (out / "runs/grpo_matched/seed3/policy").is_dir()
     assert main(["compare", "--quick", "--methods", "trace", *args, "train.learning_rate=0.02"]) == 2
     assert np.isfinite(yaml.safe_load((out / "compare.yaml").read_text())["train"]["learning_rate"])

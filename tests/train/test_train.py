@@ -174,7 +174,7 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(run_dirs, full_run
     resumed = config(run_dirs, *steps, f"out_dir={killed}")
     no_plots(monkeypatch)
     live = {}  # what on_log (a notebook's live plots) saw: each row as written
-    train(resumed, resume=True, on_log=lambda step, row: live.setdefault(step, dict(row)))
+    train(resumed, on_log=lambda step, row: live.setdefault(step, dict(row)))  # the same run: it continues
     assert load_model(killed / "policy").cfg == TINY  # the trained policy, ready for export
     a, b = _metrics(full_run), _metrics(killed)
     assert sorted(b) == sorted(a) == list(range(6))

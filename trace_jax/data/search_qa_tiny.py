@@ -8,7 +8,7 @@ notebook run on when no real checkpoint, corpus or dataset is at hand.
   index/                       the corpus's BM25 index (`trace-jax retrieve serve --index`)
   policy/                      a tiny Qwen3 checkpoint (config.json, model.safetensors) and, beside it,
                                a byte-level BPE tokenizer trained here with a Qwen3-style chat template.
-                               The policy is random, then briefly fine-tuned on scripted episodes (search
+                               The policy starts from random weights and is fine-tuned on scripted episodes (search
                                the person, answer the city) so that it searches and is sometimes right.
 """
 
