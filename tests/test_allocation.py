@@ -25,10 +25,19 @@ from trace_jax.allocation import (
     uniform_prefix_counts,
 )
 from trace_jax.rollout.tree import Tree
+from trace_jax.solvers import SATURATION
 
 root_counts_jit = jax.jit(root_counts, static_argnums=1)
 prefix_counts_jit = jax.jit(prefix_counts, static_argnums=4)
 V_SPECIAL = [0.0, 1.0, 0.5, 0.1, 0.9, 0.25, 0.75]
+
+
+def as_solved(x: np.ndarray) -> np.ndarray:
+    """Readings as the solvers take them: NaN as 0 (q: as 1), within SATURATION of 0 or 1 as exactly that, and
+    readings of nothing but saturated ones as 0.5 everywhere (the uninformed spread)."""
+    x = np.clip(np.nan_to_num(np.asarray(x, np.float64)), 0.0, 1.0)
+    x = np.where(np.minimum(x, 1 - x) < SATURATION, np.round(x), x)
+    return np.full_like(x, 0.5) if (np.minimum(x, 1 - x) == 0).all() else x
 
 
 def stage1_value(v: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -51,8 +60,9 @@ def test_root_counts_is_optimal(num_roots, v):
     padded = np.concatenate([v, np.zeros(4 - len(v), np.float32)])  # v = 0 prompts are worth nothing
     m = np.asarray(root_counts_jit(jnp.asarray(padded), num_roots))
     assert m.sum() == num_roots and m.min() >= 0 and not (m == 1).any()
-    best = stage1_value(v.astype(np.float64), feasible_counts(len(v), num_roots)).max()
-    assert stage1_value(padded.astype(np.float64), m) >= best - 1e-5
+    solved = as_solved(padded)
+    best = stage1_value(solved, feasible_counts(len(padded), num_roots)).max()
+    assert stage1_value(solved, m) >= best - 1e-5
 
 
 @settings(max_examples=60, deadline=None)
@@ -69,7 +79,7 @@ def test_root_counts_with_a_cap_is_optimal(num_roots, cap, v):
         return
     m = np.asarray(jax.jit(root_counts, static_argnums=(1, 2))(jnp.asarray(v), num_roots, cap))
     assert m.sum() == num_roots and m.max() <= cap and not (m == 1).any()
-    assert stage1_value(v.astype(np.float64), m) >= stage1_value(v.astype(np.float64), feasible).max() - 1e-5
+    assert stage1_value(as_solved(v), m) >= stage1_value(as_solved(v), feasible).max() - 1e-5
 
 
 def test_root_counts_odd_budget_and_scale():
@@ -97,7 +107,7 @@ def optimum(v: np.ndarray, num_roots: int) -> float:
 
 def check_root_counts(v: np.ndarray, m: np.ndarray, num_roots: int) -> None:
     assert m.sum() == num_roots and m.min() >= 0 and not (m == 1).any()
-    assert abs(stage1_value(np.asarray(v, np.float64), m) - optimum(v, num_roots)) <= 1e-5
+    assert abs(stage1_value(as_solved(v), m) - optimum(as_solved(v), num_roots)) <= 1e-5
 
 
 @pytest.mark.parametrize("v, num_roots", [([0.16] * 7 + [0.56] * 3, 16), ([0.6633085] * 12, 9), ([0.16] * 7, 8)])
@@ -163,7 +173,7 @@ def test_prefix_counts_is_optimal(data):
         if n == 0:
             continue
         assert k[cells].sum() == budget[gi]
-        qs = q[cells].astype(np.float64)
+        qs = as_solved(np.nan_to_num(q[cells], nan=1.0))
         best = max(np.sum(1 - qs ** np.array(c)) for c in compositions(int(budget[gi]), n))
         assert np.sum(1 - qs ** k[cells]) >= best - 1e-5
 
@@ -184,6 +194,42 @@ def test_a_saturated_predictor_spreads_the_budget_as_an_uninformed_one():
     assert np.asarray(k).tolist() == [[2, 2, 2], [0, 0, 2]] and np.asarray(unspent).tolist() == [0, 0]
     k, _ = prefix_counts_jit(jnp.full((2, 3), jnp.nan), valid, group, jnp.array([6, 2]), 6)
     assert np.asarray(k).tolist() == [[2, 2, 2], [1, 1, 0]]
+
+
+@pytest.mark.parametrize("logits", [-jnp.arange(20.0, 26.0), jnp.arange(20.0, 26.0), jnp.array([-30.0, 25.0] * 3)])
+def test_a_head_stuck_near_0_or_1_spreads_like_an_uninformed_one(logits):
+    """Readings like sigmoid(-20) are never exactly 0, yet float32 cannot tell spreading roots from piling them
+    there: stage 1 solves such a pool as at V~ = 0.5, not with all M roots on one prompt."""
+    uninformed = np.asarray(root_counts_jit(jnp.full(6, 0.5), 8)).tolist()
+    assert np.asarray(root_counts_jit(jax.nn.sigmoid(logits), 8)).tolist() == uninformed
+    informative = jax.nn.sigmoid(logits).at[4].set(0.6)  # one prompt that can go either way takes them all
+    assert np.asarray(root_counts_jit(informative, 8)).tolist() == [0, 0, 0, 0, 8, 0]
+
+
+@pytest.mark.parametrize("q", [0.0, 1e-9, 1.0 - 1e-9])
+def test_a_root_its_head_was_sure_of_and_that_went_the_other_way_spreads_its_continuations(q):
+    """V~ = 1.0 at every turn of a root that lost gives q = 0 at every anchor (each continuation surely flips):
+    after one continuation per anchor every gain is 0, and the tie-break would pile the rest on the first anchor.
+    Saturated near 0 or near 1 alike, the group is solved as at q = 0.5: spread evenly."""
+    valid, group = jnp.ones((1, 3), bool), jnp.array([0])
+    k, unspent = prefix_counts_jit(jnp.full((1, 3), q), valid, group, jnp.array([6]), 6)
+    assert np.asarray(k).tolist() == [[2, 2, 2]] and int(unspent[0]) == 0
+
+
+def test_stage_1_reads_a_nan_among_informative_readings_as_no_contrast():
+    """NaN V~ (a reading that failed) is worth nothing beside informative ones: read as 0.5 it would be the most
+    promising prompt of this pool and take the roots."""
+    v = jnp.array([jnp.nan, 0.8, jnp.nan, 0.9, 0.95, jnp.nan])
+    m = np.asarray(root_counts_jit(v, 6)).tolist()
+    assert m[0] == m[2] == m[5] == 0 and sum(m) == 6
+
+
+def test_the_default_per_anchor_cap_never_binds():
+    """With max_per_anchor unset, one anchor can take a prompt's whole stage-2 budget: prompt 0's two roots have a
+    single usable anchor between them (root 1 took one turn), and all m * N = 6 continuations go there."""
+    tree = root_tree(prompt=[0, 0], num_turns=[2, 1], reward=[1, 0], num_cont=0)
+    k, unplaced = Allocator("trace").prefixes(jax.random.key(0), tree, jnp.array([2]), 3)
+    assert np.asarray(k).tolist() == [[6, 0, 0], [0, 0, 0]] and np.asarray(unplaced).tolist() == [0]
 
 
 def test_prefix_counts_reports_what_it_cannot_place():

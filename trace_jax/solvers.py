@@ -13,18 +13,25 @@ import numpy as np
 
 from trace_jax.validate import concrete
 
+# A reading within this of 0 or 1 is a saturated head's: its contrast w (or its chance to flip 1 - q) counts as 0.
+# Below it float32 no longer resolves the objectives' concavity (1 - (1-w)^m - w^m ~ m w: the gain of spreading
+# roots is ~ m^2 w^2), and a pool of readings like sigmoid(-20) would put all M roots on one prompt.
+SATURATION = 1e-4
+
 
 def _stage1_values(v: jax.Array, num_roots: int, max_per_prompt: int) -> jax.Array:
     """[B, M+1] value f_i(m) = 1 - v_i^m - (1-v_i)^m of m = 0..M roots; f(0) = 0, f(1) = -inf (forbidden), and
     -inf above max_per_prompt.
 
     f is symmetric in v <-> 1-v; with w = min(v, 1-v) it is -expm1(m log1p(-w)) - w^m, accurate in float32
-    even for w near 0 (no cancellation of 1 - (1-w)^m). NaN v counts as 0. A pool where every w is 0 (V~ 0 or 1
-    everywhere, a saturated head) says nothing about which prompt to open: every count vector is then optimal
-    and the tie-break would put all M roots on one prompt, so it is solved as V~ = 0.5 (the uninformed spread).
+    even for w near 0 (no cancellation of 1 - (1-w)^m). NaN v counts as 0, and so does w below SATURATION. A
+    pool where every w is 0 (V~ at or near 0 or 1 everywhere, a saturated head) says nothing about which prompt
+    to open: every count vector is then (nearly) optimal and the tie-break would put all M roots on one prompt,
+    so it is solved as V~ = 0.5 (the uninformed spread).
     """
     v = jnp.clip(jnp.nan_to_num(v.astype(jnp.float32)), 0.0, 1.0)[:, None]
     w = jnp.minimum(v, 1.0 - v)  # [B, 1]
+    w = jnp.where(w < SATURATION, 0.0, w)
     w = jnp.where((w == 0.0).all(), 0.5, w)
     m = jnp.arange(num_roots + 1, dtype=jnp.float32)
     f = -jnp.expm1(m * jnp.log1p(-w)) - w ** m
@@ -80,8 +87,10 @@ def prefix_counts(q: jax.Array, valid: jax.Array, group: jax.Array, budget: jax.
     valid [R, T]: usable anchors; group [R]: group of root r (-1: none); budget [G] >= 0;
     max_per_anchor: static cap Kmax on any K (the solver sorts R*T*Kmax candidate units).
     1 - q^K is concave in K, so the top budget[g] marginal gains q^k (1-q) within each group are optimal.
-    NaN q counts as 1 (no chance to flip). A group whose every usable anchor has q = 1 (a saturated head) has
-    only zero gains, which the tie-break would pile on its first anchor: it is solved as q = 0.5 (spread evenly).
+    NaN q counts as 1 (no chance to flip). A group whose every usable anchor is saturated, q within SATURATION of
+    1 (no chance to flip: zero gains) or of 0 (a head sure of the outcome the root did not get: one sure flip per
+    anchor, then zero gains), has gains the tie-break would pile on its first anchor: it is solved as q = 0.5
+    (spread evenly), as stage 1 solves a saturated pool.
     Returns (K, unspent [G]): budget a group could not place (no valid anchors, or all at the cap).
     """
     r, t = q.shape
@@ -98,8 +107,9 @@ def prefix_counts(q: jax.Array, valid: jax.Array, group: jax.Array, budget: jax.
     q = jnp.clip(jnp.nan_to_num(q.astype(jnp.float32), nan=1.0), 0.0, 1.0)
     seg = jnp.where((group >= 0) & (group < num_groups), group, num_groups)  # [R] each root's group, G: none
     usable = valid & (seg < num_groups)[:, None]
-    chance = jax.ops.segment_max(jnp.where(usable, 1.0 - q, 0.0).max(1), seg, num_groups + 1)  # [G+1]
-    q = jnp.where((chance[seg] > 0.0)[:, None], q, 0.5)
+    informed = usable & (jnp.minimum(q, 1.0 - q) >= SATURATION)  # [R, T]
+    group_informed = jax.ops.segment_max(informed.any(1).astype(jnp.int32), seg, num_groups + 1) > 0  # [G+1]
+    q = jnp.where(group_informed[seg][:, None], q, 0.5)
     gain = q[..., None] ** jnp.arange(max_per_anchor, dtype=jnp.float32) * (1.0 - q[..., None])
     key = jnp.broadcast_to(jnp.where(usable, seg[:, None], num_groups)[..., None], gain.shape)
     order = jnp.arange(gain.size, dtype=jnp.int32)
