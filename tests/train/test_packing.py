@@ -344,6 +344,20 @@ def test_a_tree_the_rows_cannot_hold_falls_back(state, compiled):
     assert_same_update(fallback, unpacked, tol=1e-6)
 
 
+def test_prompts_that_each_fit_a_row_but_need_more_rows_than_exist_void_the_packing():
+    """Two prompts of 44 positions each fit a row of 64, not one row together: packed into a single row, the second
+    prompt's tokens have nowhere to go, and the packing is flagged void (the update then runs unpacked) rather than
+    dropping them."""
+    tree = random_tree(0, roots=M, prompts=2, forks=1.0)
+    assert tree_sizes(tree, BLOCK).tolist() == [44, 44]
+    adv = advantages(tree)
+    one_row = jax.jit(pack, static_argnums=(2, 3, 4))(tree, adv, 1, ROW_LEN, BLOCK)
+    assert bool(one_row.overflow) and int(one_row.needed) == 88
+    two_rows = jax.jit(pack, static_argnums=(2, 3, 4))(tree, adv, 2, ROW_LEN, BLOCK)
+    assert not bool(two_rows.overflow) and int((two_rows.slot < tree.num_slots).sum()) == int(
+        jnp.sum(jnp.where(tree.used, tree.length - canonical_sources(tree)[1], 0)))  # every canonical token placed
+
+
 def test_packing_options(state):
     """Rows, then their length, rows of whole blocks, in the step and in the train config (which passes them on;
     its default, pack_rows -1, packs in one row per data-parallel device on a CPU, in rows of half the unpacked
