@@ -65,6 +65,7 @@ def test_every_shipped_config_loads(path):
     ("sft.batch_size=64", r"sft\.batch_size=64 exceeds sft\.episodes=32"),
     ("sft.eval_temperature=-1", r"sft\.eval_temperature must be >= 0"),  # 0 is greedy: loads (below)
     ("pack_len=64", r"pack_len needs pack_rows > 0"),  # auto packs on a CPU only: elsewhere it would fail late
+    ("warmup.held_out=1", r"warmup\.held_out=1\.0 must lie strictly between 0 and 1"),  # nothing left to fit
     ("warmup.group_size=1", r"16 warm-up prompts exceeds pool_size=8: raise warmup\.group_size or pool_size"),
     ("roots=32 warmup.group_size=4 max_roots_per_prompt=2",
      r"pool_size=8 prompts x max_roots_per_prompt=2 cannot take train\.roots=32"),

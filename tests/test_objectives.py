@@ -13,6 +13,7 @@ import toy
 from trace_jax.objectives import (
     advantages,
     auc,
+    auc_interval,
     calibration,
     calibration_report,
     ece_floor,
@@ -22,6 +23,7 @@ from trace_jax.objectives import (
     predictor_loss,
     predictor_report,
     solve_rates,
+    weighted_auc,
 )
 from trace_jax.rollout.sampling import policy_logprobs
 from trace_jax.rollout.tree import Tree
@@ -267,6 +269,38 @@ def test_auc_matches_pairwise_counting(seed):
     assert np.isnan(auc(jnp.asarray(score).at[tuple(nan_at)].set(jnp.nan), jnp.asarray(label), jnp.asarray(mask)))
     ignored = jnp.asarray(score).at[0, 0].set(jnp.nan)
     assert np.isclose(auc(ignored, jnp.asarray(label), jnp.asarray(mask)), expected, atol=1e-6)
+
+
+def test_weighted_auc_counts_each_node_its_weight_in_times():
+    """Against pairwise counting over the nodes repeated by their weights (0: left out), with ties; all weights 1
+    give `auc`."""
+    rng = np.random.default_rng(0)
+    score = rng.choice([0.1, 0.3, 0.5, 0.7, 0.9], size=30).astype(np.float32)
+    label = rng.uniform(size=30) < 0.4
+    weight = rng.integers(0, 4, size=(5, 30))
+    for w, got in zip(weight, weighted_auc(score, label, weight)):
+        pos, neg = np.repeat(score[label], w[label]), np.repeat(score[~label], w[~label])
+        assert np.isclose(got, np.mean([(p > n) + 0.5 * (p == n) for p in pos for n in neg]))
+    assert np.isclose(weighted_auc(score, label, np.ones((1, 30)))[0], auc(jnp.asarray(score), jnp.asarray(label),
+                                                                           jnp.ones(30, bool)), atol=1e-6)
+    assert np.isnan(weighted_auc(score, label, np.where(label, 0, 1)[None])[0])  # no positive left: undefined
+
+
+def test_auc_interval_resamples_whole_questions():
+    """Nodes of one question move together: repeating every node ten times within its question leaves the
+    interval as it is (a resampling of nodes would narrow it ~3x), while ten times as many questions narrow it."""
+    rng = np.random.default_rng(1)
+    question = np.arange(40)
+    score = rng.uniform(size=40)
+    label = rng.uniform(size=40) < 0.3 + 0.4 * score
+    lo, hi = auc_interval(score, label, question)
+    point = float(auc(jnp.asarray(score), jnp.asarray(label), jnp.ones(40, bool)))
+    assert lo < point < hi and hi - lo > 0.1
+    assert auc_interval(np.repeat(score, 10), np.repeat(label, 10), np.repeat(question, 10)) == (lo, hi)
+    many = np.arange(400)
+    lo_many, hi_many = auc_interval(np.tile(score, 10), np.tile(label, 10), many)
+    assert hi_many - lo_many < (hi - lo) / 2
+    assert all(map(np.isnan, auc_interval(score, np.zeros(40, bool), question)))
 
 
 def test_auc_past_two_to_the_31_pairs():

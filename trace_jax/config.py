@@ -241,12 +241,16 @@ class WarmupConfig:
     learning_rate: float = 0.01  # Adam learning rate of the head's fit
     fit_rows: int = 16  # with predictor_layers: episodes per minibatch of the fit
     layers_learning_rate: float = 1e-3  # with predictor_layers: AdamW learning rate of their fit with the head
+    held_out: float = 0.25  # share of the drawn questions held out whole to report the fit on (AUC with interval)
 
     def __post_init__(self) -> None:
         if self.batches < 0:
             raise ValueError(f"warmup.batches must be >= 0 (0 skips the warm-up), got {self.batches}")
         _require_positive(self, "warmup", ("group_size", "fit_steps", "learning_rate", "fit_rows",
                                            "layers_learning_rate"))
+        if not 0.0 < self.held_out < 1.0:
+            raise ValueError(f"warmup.held_out={self.held_out} must lie strictly between 0 and 1: the share of "
+                             "questions the fit is reported on, the rest being fitted on")
 
 
 @dataclasses.dataclass(frozen=True)

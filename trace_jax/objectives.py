@@ -12,6 +12,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from trace_jax.rollout.tree import Tree
 from trace_jax.validate import concrete
@@ -263,6 +264,37 @@ def auc(score: jax.Array, label: jax.Array, mask: jax.Array) -> jax.Array:
     n_pos, n_neg = pos.sum().astype(jnp.float32), (mask & ~pos).sum().astype(jnp.float32)  # products pass 2^31
     u = jnp.sum(jnp.where(pos, rank, 0.0)) - n_pos * (n_pos + 1) / 2.0
     return jnp.where((n_pos > 0) & (n_neg > 0) & ~undefined, u / jnp.maximum(n_pos * n_neg, 1), jnp.nan)
+
+
+def weighted_auc(score: np.ndarray, label: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """[B] AUC of score [K] for binary label [K] with each node counted weight[b, k] times (`auc`'s Mann-Whitney U
+    over the repeated nodes, ties counting half), for B weightings at once (numpy; NaN where a class weighs 0)."""
+    order = np.argsort(score, kind="stable")
+    _, tie = np.unique(score[order], return_inverse=True)  # [K] tie group of each node, in score order
+    w, y = weight[:, order].astype(np.float64), label[order].astype(bool)
+    by_tie = lambda x: np.stack([np.bincount(tie, row, tie.max() + 1) for row in x])  # [B, groups]
+    pos, neg = by_tie(np.where(y, w, 0.0)), by_tie(np.where(y, 0.0, w))
+    below = np.cumsum(neg, axis=1) - neg  # negatives scoring lower than each tie group
+    pairs = pos.sum(1) * neg.sum(1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(pairs > 0, (pos * (below + neg / 2)).sum(1) / pairs, np.nan)
+
+
+def auc_interval(score: np.ndarray, label: np.ndarray, cluster: np.ndarray, draws: int = 1000, level: float = 0.95,
+                 seed: int = 0) -> tuple[float, float]:
+    """The `level` percentile interval of the AUC over `draws` bootstrap resamples of whole clusters [K] (nodes of
+    one question move together: they are not independent); NaN without both classes."""
+    if len(score) == 0:
+        return float("nan"), float("nan")
+    _, which = np.unique(cluster, return_inverse=True)  # [K] dense cluster id
+    picks = np.random.default_rng(seed).integers(0, which.max() + 1, (draws, which.max() + 1))  # [B, C]
+    counts = np.stack([np.bincount(p, minlength=which.max() + 1) for p in picks])  # [B, C] times each is drawn
+    areas = weighted_auc(score, label, counts[:, which])
+    areas = areas[np.isfinite(areas)]
+    if not len(areas):
+        return float("nan"), float("nan")
+    lo, hi = np.percentile(areas, [50 * (1 - level), 50 * (1 + level)])
+    return float(lo), float(hi)
 
 
 def predictor_report(tree: Tree) -> dict[str, jax.Array]:

@@ -1,5 +1,5 @@
-"""Predictor warm-up: readings are the sampler's own V~ inputs, the fit is a correct least-squares fit, and only
-the head moves."""
+"""Predictor warm-up: readings are the sampler's own V~ inputs, the fit minimises the log loss correctly, only the
+head moves, and the held-out report is what its nodes say."""
 
 import dataclasses
 
@@ -26,6 +26,7 @@ from trace_jax.train.warmup import (
     episode_values,
     fit_head,
     fit_own_layers,
+    quality,
     tree_episodes,
     tree_readings,
     warm_up_predictor,
@@ -36,7 +37,7 @@ def test_fit_head_recovers_a_logistic_model():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(4000, 6)).astype(np.float32)
     k, b = rng.normal(size=6).astype(np.float32), np.float32(-0.3)
-    target = 1 / (1 + np.exp(-(x @ k + b)))  # soft targets: the squared error is 0 exactly at (k, b)
+    target = 1 / (1 + np.exp(-(x @ k + b)))  # soft targets: the log loss is at its minimum (their entropy) at (k, b)
     data = Readings(features=x, target=target, outcome=target, is_root=np.zeros(4000, bool),
                     question=np.zeros(4000, np.int32))
     kernel, bias = fit_head(jnp.zeros(6), jnp.zeros(()), data, steps=3000, learning_rate=0.05)
@@ -55,6 +56,24 @@ def test_fit_head_does_not_saturate_on_mostly_solved_prompts():
     kernel, bias = fit_head(jnp.zeros(128), jnp.zeros(()), data, steps=500, learning_rate=0.01)
     v = np.asarray(jax.nn.sigmoid(x @ kernel + bias))
     assert abs(v.mean() - y.mean()) < 0.03 and (v < 0.999).all()
+
+
+def test_the_held_out_report_is_what_its_nodes_say():
+    """quality(): each kind's AUC is the pairwise count over its nodes, with its interval around it, and the nodes
+    and questions it rests on are counted (the warm-up prints them: 29 prompt nodes make a wide interval)."""
+    rng = np.random.default_rng(0)
+    question = rng.integers(0, 30, 200)
+    is_root = rng.uniform(size=200) < 0.3
+    pred = rng.uniform(size=200).astype(np.float32)
+    outcome = (rng.uniform(size=200) < pred).astype(np.float32)
+    data = Readings(features=None, target=outcome, outcome=outcome, is_root=is_root, question=question)
+    got = quality(pred, data)
+    for name, mask in (("root", is_root), ("prefix", ~is_root)):
+        won = outcome[mask] > 0.5
+        pos, neg = pred[mask][won], pred[mask][~won]
+        assert np.isclose(got[f"{name}_auc"], np.mean([(p > n) + 0.5 * (p == n) for p in pos for n in neg]))
+        assert got[f"{name}_auc_lo"] < got[f"{name}_auc"] < got[f"{name}_auc_hi"]
+        assert got[f"{name}_nodes"] == mask.sum() and got[f"{name}_questions"] == len(set(question[mask]))
 
 
 def _spec(batches: int) -> WarmupSpec:

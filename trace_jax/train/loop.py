@@ -46,6 +46,7 @@ from trace_jax.train.step import StepSpec, TrainState, make_optimizer
 from trace_jax.train.steps import make_step
 from trace_jax.train.warmup import WarmupSpec, warm_up_predictor
 
+MEANINGFUL_QUESTIONS = 100  # held-out questions below which the warm-up's AUC interval is too wide to read much
 RELIABILITY_FILE = "reliability.jsonl"  # one line per evaluation: {"step", "root": bins, "prefix": bins}
 ALLOCATION_FILE = "allocation.jsonl"  # one line per step: the step's ARRAY_METRICS as lists
 ARRAY_METRICS = ("pool_v_values", "roots_per_prompt", "continuations_per_anchor")  # see train.step
@@ -152,18 +153,25 @@ def warm_up(cfg: TrainConfig, model: Policy, env: JaxEnv | HostEnv, pools: Calla
     spec = WarmupSpec(batches=w.batches, group_size=w.group_size, roots=cfg.roots, continuations=cfg.continuations,
                       fit_steps=w.fit_steps, learning_rate=w.learning_rate,
                       sampling=rollout_sampling(cfg), pad_id=pad_id, fit_rows=w.fit_rows,
-                      layers_learning_rate=w.layers_learning_rate)
+                      layers_learning_rate=w.layers_learning_rate, held_out=w.held_out)
     expand = functools.partial(expand_scheduled, host=host, chunk_slots=cfg.chunk_slots, live_slots=refill_rows(cfg))
     t0 = time.perf_counter()
     _, report = warm_up_predictor(model, env, pools, jax.random.key(cfg.seed + 3), spec, expand)
     head = f"train: predictor warm-up on {w.batches} uniform-tree pools ({time.perf_counter() - t0:.0f} s), held out: "
     if not report["warmup/root_nodes"]:
-        print(head + "no question (a quarter of the drawn questions is held out: raise warmup.batches for a report)")
+        print(head + f"no question (a share of {w.held_out} of the drawn questions is held out: raise warmup.batches "
+              "for a report)")
         return report
-    print(f"{head}root AUC {report['warmup/before/root_auc']:.3f} -> {report['warmup/root_auc']:.3f}, prefix AUC "
-          f"{report['warmup/before/prefix_auc']:.3f} -> {report['warmup/prefix_auc']:.3f}, root ECE "
-          f"{report['warmup/root_ece']:.3f}, prefix ECE {report['warmup/prefix_ece']:.3f}, std of prompt V~ "
-          f"{report['warmup/root_v_std']:.3f}")
+    r = report
+    print(f"{head}root AUC {r['warmup/before/root_auc']:.3f} -> {r['warmup/root_auc']:.3f} (95% interval "
+          f"{r['warmup/root_auc_lo']:.2f}-{r['warmup/root_auc_hi']:.2f} over {r['warmup/root_nodes']} prompt nodes of "
+          f"{r['warmup/root_questions']} questions), prefix AUC {r['warmup/before/prefix_auc']:.3f} -> "
+          f"{r['warmup/prefix_auc']:.3f} ({r['warmup/prefix_auc_lo']:.2f}-{r['warmup/prefix_auc_hi']:.2f} over "
+          f"{r['warmup/prefix_nodes']} turn nodes), root ECE {r['warmup/root_ece']:.3f}, prefix ECE "
+          f"{r['warmup/prefix_ece']:.3f}, std of prompt V~ {r['warmup/root_v_std']:.3f}")
+    if r["warmup/root_questions"] < MEANINGFUL_QUESTIONS:
+        print(f"train: the warm-up's report rests on {r['warmup/root_questions']} held-out questions; for a narrower "
+              f"interval raise warmup.batches or warmup.held_out (the step-0 evaluation on the test split follows)")
     return report
 
 

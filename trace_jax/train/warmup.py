@@ -6,7 +6,8 @@ turn-level targets (`objectives.node_targets`). With the backbone frozen the hea
 fixed features, so the fit is full-batch Adam on the log loss (see `fit_head`). A predictor with layers of its own
 (`ModelConfig.predictor_layers`) reads whole sequences: its layers and head are fitted together by minibatches of
 episodes over what the frozen layers below feed them, computed once (`fit_own_layers`).
-A quarter of the questions is held out and the predictor's quality on them is reported.
+A share of the questions (`held_out`, a quarter by default) is held out whole, and the predictor's quality on
+them is reported with an interval over questions.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from trace_jax import sharding as shd
 from trace_jax.allocation import Allocator, Plan
 from trace_jax.envs.base import HostEnv, JaxEnv
 from trace_jax.models.qwen3 import Policy
-from trace_jax.objectives import auc, calibration, node_targets
+from trace_jax.objectives import auc, auc_interval, calibration, node_targets
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool, expand_tree
 from trace_jax.rollout.tree import Tree
@@ -208,12 +209,15 @@ def _quality(pred: jax.Array, target: jax.Array, won: jax.Array, mask: jax.Array
 
 
 def quality(pred: np.ndarray, data: Readings) -> dict[str, float]:
-    """AUC of V~ for the leaf outcome, and Brier/ECE against node targets, for root and prefix nodes."""
+    """AUC of V~ for the leaf outcome (with its 95% interval over questions resampled whole, `auc_interval`), and
+    Brier/ECE against node targets, for root and prefix nodes, and how many nodes and questions each holds."""
     out = {}
     for name, mask in (("root", data.is_root), ("prefix", ~data.is_root)):
         area, brier, ece = _quality(pred, data.target, data.outcome > 0.5, mask)
-        out |= {f"{name}_auc": float(area), f"{name}_brier": float(brier), f"{name}_ece": float(ece),
-                f"{name}_nodes": int(mask.sum())}
+        lo, hi = auc_interval(pred[mask], data.outcome[mask] > 0.5, data.question[mask])
+        out |= {f"{name}_auc": float(area), f"{name}_auc_lo": lo, f"{name}_auc_hi": hi, f"{name}_brier": float(brier),
+                f"{name}_ece": float(ece), f"{name}_nodes": int(mask.sum()),
+                f"{name}_questions": len(np.unique(data.question[mask]))}
     return out
 
 
@@ -221,7 +225,8 @@ def quality(pred: np.ndarray, data: Readings) -> dict[str, float]:
 class WarmupSpec:
     """How the predictor is warmed up: `batches` uniform-tree expansions of the pool, then the fit: `fit_steps`
     full-batch steps of the linear head at `learning_rate`, or, for a predictor with layers of its own,
-    `fit_steps` minibatches of `fit_rows` episodes at `layers_learning_rate`."""
+    `fit_steps` minibatches of `fit_rows` episodes at `layers_learning_rate`. `held_out`: the share of the drawn
+    questions held out whole, on which the fit is reported."""
 
     batches: int
     group_size: int
@@ -233,6 +238,7 @@ class WarmupSpec:
     pad_id: int
     fit_rows: int = 16
     layers_learning_rate: float = 1e-3
+    held_out: float = 0.25
 
 
 def warm_up_predictor(model: Policy, env: JaxEnv | HostEnv, pools: Callable[[int], Pool], key: jax.Array,
@@ -253,7 +259,7 @@ def warm_up_predictor(model: Policy, env: JaxEnv | HostEnv, pools: Callable[[int
                       pad_id=spec.pad_id)[0]
         parts.append(tree_episodes(tree) if own else tree_readings(model, tree))
     data = concat(parts)
-    held = np.random.default_rng(0).random(int(data.question.max()) + 1) < 0.25  # by question
+    held = np.random.default_rng(0).random(int(data.question.max()) + 1) < spec.held_out  # by question
     held_out, train = select(data, held[data.question]), select(data, ~held[data.question])
     if own:
         return model, _warm_up_own_layers(model, held_out, train, spec)
@@ -284,7 +290,7 @@ def _warm_up_own_layers(model: Policy, held_out: Episodes, train: Episodes, spec
 def _report(before: dict[str, float], after: dict[str, float], root_v: np.ndarray, train_nodes: int
             ) -> dict[str, float]:
     report = {f"warmup/{k}": v for k, v in after.items()}
-    report |= {f"warmup/before/{k}": v for k, v in before.items() if not k.endswith("_nodes")}
+    report |= {f"warmup/before/{k}": v for k, v in before.items() if k.endswith(("_auc", "_brier", "_ece"))}
     report["warmup/root_v_std"] = float(root_v.std()) if root_v.size else float("nan")  # nan: no question held out
     report["warmup/train_nodes"] = train_nodes
     return report
