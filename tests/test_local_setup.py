@@ -1,5 +1,6 @@
-"""launch/local.sh sets up what each job needs on a fresh machine: the package alone for the main job, the test
-extra (PyTorch, pytest, mkdocs) only for the tests, and again when pyproject.toml changes."""
+"""launch/local.sh sets up what each job needs on a fresh machine: the package (and bfcl-eval without its pinned
+dependencies) for the main job, the test extra (PyTorch, pytest, mkdocs) only for the tests, and again when
+pyproject.toml changes."""
 
 import os
 import shutil
@@ -30,16 +31,18 @@ def test_the_main_job_installs_the_package_and_the_tests_add_their_extra(tmp_pat
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RECORD": str(record)}
     local = lambda *args: subprocess.run(["bash", "launch/local.sh", *args], cwd=tmp_path, env=env, check=True,
                                          capture_output=True, text=True)
-    installs = lambda: [line for line in record.read_text().splitlines() if "pip install -q -e" in line]
+    installs = lambda: [line for line in record.read_text().splitlines()
+                        if "pip install -q" in line and "--upgrade" not in line]
 
     local("train", "steps=1")
-    assert installs() == ["-m pip install -q -e ."] and record.read_text().endswith("trace-jax train steps=1\n")
+    package, bfcl = "-m pip install -q -e .", "-m pip install -q --no-deps bfcl-eval==2026.3.23"
+    assert installs() == [package, bfcl] and record.read_text().endswith("trace-jax train steps=1\n")
     local("train")  # set up already
-    assert installs() == ["-m pip install -q -e ."]
+    assert installs() == [package, bfcl]
     local("test", "-k", "x")
-    assert installs() == ["-m pip install -q -e .", "-m pip install -q -e .[test]"]
+    assert installs() == [package, bfcl, "-m pip install -q -e .[test]", bfcl]
     assert record.read_text().endswith("-m pytest -k x\n")
     local("test")
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'y'\n")  # changed: installed again
     local("train")
-    assert installs()[2:] == ["-m pip install -q -e ."]
+    assert installs()[4:] == [package, bfcl]
