@@ -139,13 +139,17 @@ def _eval(args: argparse.Namespace) -> int:
 
     cfg = load_config(TrainConfig, args.config, args.overrides)
     family = check_family(cfg)
-    if (args.checkpoint is None) == (args.responses is None):
-        raise ValueError("eval takes a policy (--checkpoint DIR) or responses to grade (--responses FILE.jsonl), "
-                         "one of the two")
-    if args.responses is not None:
+    graded = args.responses or args.calls
+    if (args.checkpoint is None) == (graded is None) or (args.responses and args.calls):
+        raise ValueError("eval takes a policy (--checkpoint DIR) or responses to grade (--responses FILE.jsonl, "
+                         "or for bfcl --calls FILE.jsonl), one of them")
+    if (args.calls is not None) != (cfg.env == "bfcl") and graded is not None:
+        raise ValueError("--calls grades bfcl call sequences (env=bfcl), --responses another family's responses: "
+                         f"env={cfg.env} takes {'--calls' if cfg.env == 'bfcl' else '--responses'}")
+    if graded is not None:
         if family.score_responses is None:
             raise ValueError(f"env={cfg.env} cannot grade responses written elsewhere; evaluate a --checkpoint")
-        responses = Path(args.responses)
+        responses = Path(graded)
         ev = family.score_responses(cfg, responses)
         out = Path(args.out or responses.parent / "eval")
     else:
@@ -166,6 +170,19 @@ def _eval(args: argparse.Namespace) -> int:
         print("\n".join(f"{k}: {v:.4f}" for k, v in ev.metrics.items()))
     written = ["eval.json", *ev.texts, *ev.records] + (["reliability.json"] if ev.reliability is not None else [])
     print(f"eval: {', '.join(str(out / name) for name in written)}")
+    return 0
+
+
+def _data_bfcl_tiny(args: argparse.Namespace) -> int:
+    import time
+
+    from trace_jax.envs.bfcl.kit import write_tiny_bfcl
+
+    start = time.perf_counter()
+    out = write_tiny_bfcl(args.out, sft_steps=args.sft_steps)
+    print(f"tiny BFCL kit in {out} ({time.perf_counter() - start:.0f} s): policy/ (tiny Qwen3 + tokenizer with the "
+          "tool chat template); its entries come with bfcl-eval.\n"
+          "train on it: trace-jax train --config configs/bfcl_tiny.yaml")
     return 0
 
 
@@ -548,6 +565,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--responses", default=None,
                     help="grade responses produced elsewhere instead of sampling a policy (math: JSONL, one "
                          '{"id": problem id, "response": full text} per line; "set" optional)')
+    ev.add_argument("--calls", default=None,
+                    help="bfcl: score call sequences produced elsewhere instead of sampling a policy (JSONL, one "
+                         '{"id": entry id, "calls": [[[call strings of step 1], [step 2], ...] per user turn]} per '
+                         "line, bfcl's decoded multi-turn result)")
     ev.add_argument("--out", default=None, help="output folder (default: <checkpoint or responses>/../eval)")
     ev.set_defaults(func=_eval)
 
@@ -585,6 +606,11 @@ def build_parser() -> argparse.ArgumentParser:
     mtiny.add_argument("--sft-steps", type=int, default=300,
                        help="fine-tuning steps on scripted episodes (0: a random policy)")
     mtiny.set_defaults(func=_data_math_tiny)
+    btiny = data.add_parser("bfcl-tiny", help="write a tiny offline BFCL kit (a policy fitted on a few entries)")
+    btiny.add_argument("--out", default="artifacts/bfcl_tiny", help="output folder")
+    btiny.add_argument("--sft-steps", type=int, default=200,
+                       help="fine-tuning steps on the ground-truth episodes (0: a random policy)")
+    btiny.set_defaults(func=_data_bfcl_tiny)
     show = data.add_parser("show", help="render an episode of a HopWorld question (expert, or a policy's)")
     show.add_argument("--question", type=int, default=11)
     show.add_argument("--world-seed", type=int, default=0)

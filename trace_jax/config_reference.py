@@ -11,10 +11,12 @@ from typing import Any
 
 from trace_jax.compare.config import CompareConfig
 from trace_jax.config import SFTConfig, TrainConfig
+from trace_jax.envs.bfcl.config import BfclConfig
 from trace_jax.envs.math.config import MathConfig
 
 COMMANDS = (("trace-jax train", TrainConfig, ""), ("trace-jax sft", SFTConfig, ""),
-            ("trace-jax compare", CompareConfig, ""), ("trace-jax train env=math", MathConfig, "task."))
+            ("trace-jax compare", CompareConfig, ""), ("trace-jax train env=math", MathConfig, "task."),
+            ("trace-jax train env=bfcl", BfclConfig, "task."))
 _FIELD = re.compile(r"^\s+(\w+): [^=#]+(=.*?)?(?:  # (.*))?$")
 _COMMENT = re.compile(r"^\s+# (.*)$")
 

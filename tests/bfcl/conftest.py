@@ -24,3 +24,14 @@ def tokenizer(entries):
     tok = train_tokenizer(texts + ['<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>'], vocab_size=800)
     tok.chat_template = QWEN3_TOOL_TEMPLATE
     return tok
+
+
+@pytest.fixture(scope="session")
+def bfcl_kit(tmp_path_factory):
+    """The tiny BFCL kit (`envs.bfcl.kit`), its policy fitted briefly (100 steps) on five short entries' ground
+    truth; built once."""
+    from built_once import built_once, session_tmp
+
+    from trace_jax.envs.bfcl.kit import write_tiny_bfcl
+
+    return built_once(session_tmp(tmp_path_factory), "bfcl_kit", lambda path: write_tiny_bfcl(path, sft_steps=100))

@@ -19,6 +19,7 @@ FAMILIES = {
     "hopworld": "trace_jax.envs.hopworld.family:FAMILY",  # the synthetic multi-hop world, a JaxEnv (CPU-sized)
     "search_qa": "trace_jax.envs.search_qa.family:FAMILY",  # Search-R1's protocol: an HF Qwen3 and a retriever
     "math": "trace_jax.envs.math.family:FAMILY",  # tool-integrated math: a Python sandbox and math-verify
+    "bfcl": "trace_jax.envs.bfcl.family:FAMILY",  # BFCL v4 multi-turn function calling on stateful APIs
 }
 _registered: dict[str, Family] = {}
 
