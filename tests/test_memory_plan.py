@@ -265,7 +265,7 @@ def test_recipes_load_plan_and_match_launch_readme():
     readme = (ROOT / "launch" / "README.md").read_text()
     rows = {(m["recipe"], m["chip"]): m for m in README_ROW.finditer(readme)}
     recipes = sorted((ROOT / "configs" / "recipes").glob("*.yaml"))
-    assert len(recipes) == 15
+    assert len(recipes) == 21
     for path in recipes:
         cfg = load_config(TrainConfig, path)
         for chip in ("v5p", "v6e"):
@@ -275,7 +275,8 @@ def test_recipes_load_plan_and_match_launch_readme():
 
 def recipe_cells(cfg: TrainConfig, chip: str, chips: int) -> str:
     """A README row's cells after `recipe | chip x chips`: per-chip GiB at the smallest chunk, and chunk_slots."""
-    policy_dir = {"search_qa": cfg.search_qa.policy_dir, "math": cfg.task.get("policy_dir")}.get(cfg.env)
+    policy_dir = {"search_qa": cfg.search_qa.policy_dir, "math": cfg.task.get("policy_dir"),
+                  "bfcl": cfg.task.get("policy_dir")}.get(cfg.env)
     preset = Path(policy_dir).name if policy_dir else None
     shape = step_shape(cfg, preset)
     mesh = cfg.mesh.resolve(chips)
