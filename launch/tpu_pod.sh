@@ -204,7 +204,8 @@ if [ -e $work_dir/\$d ]; then echo \"install: ~/$remote_dir/\$d and ~/$work_dir/
 hand\" >&2; exit 2; fi; mv $remote_dir/\$d $work_dir/; fi; done; \
 rm -rf $remote_dir; mkdir -p $remote_dir; tar -xzf trace-jax.tar.gz -C $remote_dir; \
 cd $remote_dir; python3 -m venv .venv; .venv/bin/pip install -q --upgrade pip; \
-.venv/bin/pip install -q -e '.[gcs]' 'jax[tpu]'; .venv/bin/python -c 'import jax; print(jax.devices())'"
+.venv/bin/pip install -q -e '.[gcs]' 'jax[tpu]'; .venv/bin/pip install -q --no-deps -r launch/no_deps.txt; \
+.venv/bin/python -c 'import jax; print(jax.devices())'"
   [ "$dry" = 1 ] || rm -f "$archive"
 }
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 SCRIPTS = sorted(Path("launch").glob("*.sh"))
+NO_DEPS = ".venv/bin/pip install -q --no-deps -r launch/no_deps.txt"  # bfcl-eval, after the package
 
 
 def launch(*args: str) -> subprocess.CompletedProcess:
@@ -44,7 +45,7 @@ def test_tpu_pod_dry_run_prints_the_gcloud_commands():
     assert archive[:2] == ["git", "archive"] and archive[-1] == "HEAD"
     assert scp[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "scp", archive[4]] and "--worker=all" in scp
     assert install[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "exp1"] and "--worker=all" in install
-    assert "pip install -q -e '.[gcs]' 'jax[tpu]'" in install[-1]
+    assert f"pip install -q -e '.[gcs]' 'jax[tpu]'; {NO_DEPS}" in install[-1]
     assert "--worker=all" in train and train[-1].startswith("mkdir -p trace-jax-runs/logs && cd trace-jax-runs && ")
     assert ("nohup ../trace-jax/.venv/bin/trace-jax train out_dir=exp1 checkpoint_dir=gs://bucket/exp1 steps=5 "
             "allocator=grpo  > logs/exp1.log 2>&1 &") in train[-1]
@@ -65,7 +66,7 @@ def test_tpu_pod_multi_host_slice_trains_on_every_worker_joined_automatically():
     assert result.returncode == 0, result.stderr
     create, _, _, install, train, _ = commands(result.stdout)
     assert create[create.index("--accelerator-type") + 1] == "v5litepod-16"
-    assert "pip install -q -e '.[gcs]' 'jax[tpu]'" in install[-1]
+    assert f"pip install -q -e '.[gcs]' 'jax[tpu]'; {NO_DEPS}" in install[-1]
     assert "--worker=all" in train
     assert "trace-jax train --multi-host out_dir=trace-jax checkpoint_dir=gs://bucket/exp1 steps=5" in train[-1]
     one_host = commands(launch("launch/tpu_pod.sh", "train", "--dry-run", "--type", "v6e-8").stdout)
@@ -222,7 +223,9 @@ def test_gke_smoke_and_a_gs_out_dir_pass_through_and_the_image_has_the_gcs_extra
     overridden = launch("launch/gke.sh", "render", "--image", "img:1", "--hosts", "2", "--config", config, "--",
                         "checkpoint_dir=runs/ckpt")
     assert overridden.returncode == 2 and "-- checkpoint_dir=gs://BUCKET/PATH" in overridden.stderr
-    assert "RUN pip install --no-cache-dir -e '.[gcs]' 'jax[tpu]'" in Path("launch/gke/Dockerfile").read_text()
+    dockerfile = Path("launch/gke/Dockerfile").read_text()
+    assert "COPY launch/no_deps.txt ./launch/" in dockerfile
+    assert "-e '.[gcs]' 'jax[tpu]' && pip install --no-cache-dir --no-deps -r launch/no_deps.txt" in dockerfile
     assert "continues from the newest checkpoint" in launch("launch/gke.sh", "--help").stdout
 
 

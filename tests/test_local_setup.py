@@ -1,6 +1,6 @@
-"""launch/local.sh sets up what each job needs on a fresh machine: the package (and bfcl-eval without its pinned
-dependencies) for the main job, the test extra (PyTorch, pytest, mkdocs) only for the tests, and again when
-pyproject.toml changes."""
+"""launch/local.sh sets up what each job needs on a fresh machine: the package (and launch/no_deps.txt, bfcl-eval
+without its pinned dependencies) for the main job, the test extra (PyTorch, pytest, mkdocs) only for the tests, and
+again when pyproject.toml changes."""
 
 import os
 import shutil
@@ -21,7 +21,8 @@ fi
 
 def test_the_main_job_installs_the_package_and_the_tests_add_their_extra(tmp_path):
     (tmp_path / "launch").mkdir()
-    shutil.copy(ROOT / "launch" / "local.sh", tmp_path / "launch")
+    for name in ("local.sh", "no_deps.txt"):
+        shutil.copy(ROOT / "launch" / name, tmp_path / "launch")
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -35,7 +36,7 @@ def test_the_main_job_installs_the_package_and_the_tests_add_their_extra(tmp_pat
                         if "pip install -q" in line and "--upgrade" not in line]
 
     local("train", "steps=1")
-    package, bfcl = "-m pip install -q -e .", "-m pip install -q --no-deps bfcl-eval==2026.3.23"
+    package, bfcl = "-m pip install -q -e .", "-m pip install -q --no-deps -r launch/no_deps.txt"
     assert installs() == [package, bfcl] and record.read_text().endswith("trace-jax train steps=1\n")
     local("train")  # set up already
     assert installs() == [package, bfcl]

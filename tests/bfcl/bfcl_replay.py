@@ -20,9 +20,6 @@ from trace_jax.envs.bfcl.data import Entry
 from trace_jax.envs.bfcl.episode import Episode, Reference, reference
 
 DONE = "All done."  # a message without tool calls: ends the user turn
-# bfcl's data holds this entry's ground truth calling `tail` at turn 1, which its missed_function holds out until
-# turn 3: with held-out functions refused, no policy can pass it
-UNSOLVABLE = {"multi_turn_miss_func_49"}
 _probes = itertools.count()
 
 

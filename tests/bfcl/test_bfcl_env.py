@@ -82,7 +82,6 @@ def test_tokens_are_the_chat_template(tokenizer, entries, subset):
 
 def _hostile(entry):
     """(assistant message, what its error says) for a miss_func entry over the file system at turn 0."""
-    hidden = entry.missed[min(entry.missed)][0]["name"]
     call = lambda body: f"<tool_call>\n{body}\n</tool_call>"
     nested = "[" * 30 + '"x"' + "]" * 30
     return [
@@ -91,7 +90,7 @@ def _hostile(entry):
         (call('{"name": "__init__", "arguments": {}}'), "no function named '__init__'"),
         (call('{"name": "_load_scenario", "arguments": {"scenario": {}}}'), "no function named '_load_scenario'"),
         (call('{"name": "__import__(\'os\').system(\'ls\')", "arguments": {}}'), "no function named"),
-        (call(f'{{"name": "{hidden}", "arguments": {{"file_name": "a"}}}}'), f"no function named '{hidden}'"),
+        (call('{"name": "place_order", "arguments": {}}'), "no function named 'place_order'"),  # another class's
         (call('{"name": "ls", "arguments": {"a": true, "b": 1}}'), "ls has no argument b"),
         (call('{"name": "cd", "arguments": {}}'), "cd needs the argument folder"),
         (call('{"name": "cd", "arguments": {"folder": {"x": 1}}}'), "expected string, got object"),

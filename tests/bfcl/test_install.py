@@ -27,7 +27,7 @@ def test_bfcl_module_imports(module):
         importlib.import_module(module)
     except ModuleNotFoundError as exc:
         if exc.name and exc.name.split(".")[0] == "bfcl_eval":
-            pytest.fail("bfcl-eval is not installed: `pip install --no-deps bfcl-eval==2026.3.23` (launch/local.sh)")
+            pytest.fail("bfcl-eval is not installed: `pip install --no-deps -r launch/no_deps.txt`")
         pytest.fail(f"{module} imports the package {exc.name!r}, which is not installed: bfcl-eval is installed "
                     f"without its dependencies, so add {exc.name!r} to pyproject.toml's dependencies")
 

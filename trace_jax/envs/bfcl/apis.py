@@ -4,8 +4,9 @@ The instances are built as bfcl-eval's `execute_multi_turn_func_call` builds the
 its func_source_code module, instantiated, its scenario loaded from a deep copy of the entry's initial configuration
 unless it is stateless) but held by the episode, never in bfcl's module globals, and copied once loaded: a
 long-context scenario puts dicts of the package's long_context module into the state (TravelAPI's extra credit
-cards, whose balance a booking then changes for every later instance). A call runs only if its function is
-offered at that turn and its arguments fit the function's doc; it is looked up as an attribute, never evaluated.
+cards, whose balance a booking then changes for every later instance). A call runs only if its function is among
+the docs given (an episode gives all of its classes' functions, as bfcl runs a held-out one) and its arguments fit
+the function's doc; it is looked up as an attribute, never evaluated.
 Results are strings in bfcl's form: a str as is, a dict as JSON (else its str), anything else its str, an error as
 "Error during execution: <message>".
 """

@@ -4,8 +4,9 @@ multi_turn_checker scores it.
 A step is one assistant message. If it holds `<tool_call>` blocks, each is run on the episode's APIs and its result
 comes back as a tool message; after more than bfcl's MAXIMUM_STEP_LIMIT such steps in one user turn the episode is
 cut off (bfcl's force quit: it fails). A message without a block ends the user turn: the turn is checked, and the
-next user turn follows (at a held-out turn, the message revealing its functions). The reward, at the end, is 1 if
-every turn passed bfcl's checks against the ground truth, else 0; an episode ends at its first failed turn.
+next user turn follows (at a held-out turn, the message revealing its functions). A held-out function is left out of
+the tools until its turn, and runs when called before it, as bfcl's inference loop runs it. The reward, at the end,
+is 1 if every turn passed bfcl's checks against the ground truth, else 0; an episode ends at its first failed turn.
 
 The checks, per turn with ground-truth calls (bfcl's `multi_turn_checker`): the turn made at least one call; the
 instances equal the ground truth's after that turn (`state_checker`); every ground-truth result of the turn is among
@@ -80,7 +81,7 @@ class Episode:
         return self._run(parsed, entry) if parsed else self._end_turn(entry, ref)
 
     def _run(self, parsed: list[Call | str], entry: Entry) -> Reply:
-        docs, made, out = _docs(entry, self.turn), [], []
+        docs, made, out = _docs(entry, len(entry.turns)), [], []  # as bfcl, which runs a held-out function
         for call in parsed:
             if isinstance(call, str):
                 out.append(ERROR.format(call))
