@@ -1,21 +1,26 @@
-"""What the task families whose policy is a local HF Qwen3 checkpoint share (search QA, math): its tokenizer, its
-dims for the memory planner (from its config.json, or a public model's before the checkpoint is there), and the
-trained policy saved and read back as an HF checkpoint."""
+"""What the task families whose policy is a local HF Qwen3 checkpoint share (search QA, math, BFCL): its tokenizer,
+the base policy loaded from it, its dims for the memory planner (from its config.json, or a public model's before the
+checkpoint is there), the trained policy saved and read back as an HF checkpoint, and prompt pools drawn from a set
+of tokenized prompts."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
+import numpy as np
+from jax.sharding import Mesh
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from trace_jax import distributed
+from trace_jax import sharding as shd
 from trace_jax.checkpoints import load_model
 from trace_jax.config import TrainConfig
 from trace_jax.memory.plan import PRESETS
 from trace_jax.models.config import ModelConfig
 from trace_jax.models.hf_io import from_pretrained, save_pretrained
-from trace_jax.models.qwen3 import Policy
+from trace_jax.models.qwen3 import Policy, with_predictor_layers
+from trace_jax.rollout.expand import Pool
 
 TOKENIZER_FILE = "tokenizer_config.json"  # what every HF tokenizer directory holds (with tokenizer.json, ...)
 
@@ -54,6 +59,28 @@ def policy_dims(policy_dir: str | Path, dtype: str, cfg: TrainConfig, preset: st
     if preset not in PRESETS:
         raise ValueError(f"--preset {preset!r} is not one of {sorted(PRESETS)}")
     return grow(PRESETS[preset]), f"preset {preset} (no {path})"
+
+
+def load_policy(policy_dir: str | Path, dtype: str, predictor_layers: int, mesh: Mesh | None = None) -> Policy:
+    """The base policy: policy_dir's weights in float32, computing in dtype, with the predictor's own layers when
+    predictor_layers asks for them."""
+    return with_predictor_layers(from_pretrained(policy_dir, compute_dtype=dtype, mesh=mesh), predictor_layers)
+
+
+def pad_prompts(prompts: list[list[int]], width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens [n, width] right-padded with pad_id, lengths [n]) of n tokenized prompts no longer than width."""
+    tokens = np.full((len(prompts), width), pad_id, np.int32)
+    for i, p in enumerate(prompts):
+        tokens[i, : len(p)] = p
+    return tokens, np.asarray([len(p) for p in prompts], np.int32)
+
+
+def draw_pool(ids: np.ndarray, tokens: np.ndarray, lengths: np.ndarray, size: int, seed: tuple[int, ...],
+              mesh: Mesh | None) -> Pool:
+    """`size` prompts drawn from the set (question ids [n], tokens [n, P], lengths [n]) by a generator seeded with
+    `seed` alone (e.g. (run seed, stream, step)), with replacement only when the set is smaller; rows on mesh."""
+    rows = np.random.default_rng(list(seed)).choice(len(ids), size, replace=len(ids) < size)
+    return shd.rows_on(Pool(tokens=tokens[rows], lengths=lengths[rows], question=ids[rows]), mesh)
 
 
 def save_hf(model: Policy, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:

@@ -19,7 +19,6 @@ import numpy as np
 from jax.sharding import Mesh
 
 from trace_jax import distributed
-from trace_jax import sharding as shd
 from trace_jax.config import TrainConfig
 from trace_jax.envs import hf_policy
 from trace_jax.envs.bfcl.apis import Apis
@@ -32,8 +31,7 @@ from trace_jax.envs.bfcl.episode import Episode, reference
 from trace_jax.envs.family import Evaluation, Family, TurnShape, task_section
 from trace_jax.evaluate_qa import episodes
 from trace_jax.models.config import ModelConfig
-from trace_jax.models.hf_io import from_pretrained
-from trace_jax.models.qwen3 import Policy, with_predictor_layers
+from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
 from trace_jax.rollout.tree import Tree
@@ -107,17 +105,13 @@ class BfclTask:
             ids.append(q)
             prompts.append(p)
             kept.append(entry)
-        tokens = np.full((len(prompts), self.m.prompt_len), self.pad_id, np.int32)
-        for i, p in enumerate(prompts):
-            tokens[i, : len(p)] = p
-        return EntrySet(np.asarray(ids, np.int32), tokens, np.asarray([len(p) for p in prompts], np.int32), kept)
+        return EntrySet(np.asarray(ids, np.int32), *hf_policy.pad_prompts(prompts, self.m.prompt_len, self.pad_id),
+                        kept)
 
     def _pool(self, step: int, mesh: Mesh | None, stream: int) -> Pool:
         """pool_size training entries drawn from (seed, stream, step) alone (stream 1: the warm-up's)."""
         t = self.train
-        rows = np.random.default_rng([self.cfg.seed, stream, step]).choice(
-            len(t.ids), self.cfg.pool_size, replace=len(t.ids) < self.cfg.pool_size)
-        return shd.rows_on(Pool(tokens=t.tokens[rows], lengths=t.lengths[rows], question=t.ids[rows]), mesh)
+        return hf_policy.draw_pool(t.ids, t.tokens, t.lengths, self.cfg.pool_size, (self.cfg.seed, stream, step), mesh)
 
     def pool(self, step: int, mesh: Mesh | None) -> Pool:
         return self._pool(step, mesh, stream=0)
@@ -126,8 +120,7 @@ class BfclTask:
         return self._pool(batch, mesh, stream=1)
 
     def base_policy(self, mesh: Mesh | None) -> Policy:
-        policy = from_pretrained(self.m.policy_dir, compute_dtype=self.m.dtype, mesh=mesh)
-        return with_predictor_layers(policy, self.cfg.predictor_layers)
+        return hf_policy.load_policy(self.m.policy_dir, self.m.dtype, self.cfg.predictor_layers, mesh)
 
     def evaluate(self, model: Policy, step: int, mesh: Mesh | None) -> Evaluation:
         """eval/<subset>/accuracy and eval/overall/accuracy: bfcl's verdict on one sampled episode per entry."""

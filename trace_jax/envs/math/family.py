@@ -18,7 +18,6 @@ import numpy as np
 from jax.sharding import Mesh
 
 from trace_jax import distributed
-from trace_jax import sharding as shd
 from trace_jax.config import TrainConfig
 from trace_jax.envs import hf_policy
 from trace_jax.envs.family import Evaluation, Family, TurnShape, task_section
@@ -29,8 +28,7 @@ from trace_jax.envs.math.sandbox import SandboxPool
 from trace_jax.envs.math.verifier import Verifier, last_boxed
 from trace_jax.evaluate_qa import episodes, final_turns, responses
 from trace_jax.models.config import ModelConfig
-from trace_jax.models.hf_io import from_pretrained
-from trace_jax.models.qwen3 import Policy, with_predictor_layers
+from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
 
@@ -101,18 +99,13 @@ class MathTask:
             self.answers.append(row["answer"])
             prompts.append(p)
             kept.append(row)
-        tokens = np.full((len(prompts), self.m.prompt_len), self.pad_id, np.int32)
-        for i, p in enumerate(prompts):
-            tokens[i, : len(p)] = p
-        return ProblemSet(np.asarray(ids, np.int32), tokens, np.asarray([len(p) for p in prompts], np.int32), kept)
+        return ProblemSet(np.asarray(ids, np.int32), *hf_policy.pad_prompts(prompts, self.m.prompt_len, self.pad_id),
+                          kept)
 
     def _pool(self, step: int, mesh: Mesh | None, stream: int) -> Pool:
         """pool_size training problems drawn from (seed, stream, step) alone (stream 1: the warm-up's)."""
         t = self.train
-        rows = np.random.default_rng([self.cfg.seed, stream, step]).choice(
-            len(t.ids), self.cfg.pool_size, replace=len(t.ids) < self.cfg.pool_size)
-        pool = Pool(tokens=t.tokens[rows], lengths=t.lengths[rows], question=t.ids[rows])
-        return shd.rows_on(pool, mesh)
+        return hf_policy.draw_pool(t.ids, t.tokens, t.lengths, self.cfg.pool_size, (self.cfg.seed, stream, step), mesh)
 
     def pool(self, step: int, mesh: Mesh | None) -> Pool:
         return self._pool(step, mesh, stream=0)
@@ -121,8 +114,7 @@ class MathTask:
         return self._pool(batch, mesh, stream=1)
 
     def base_policy(self, mesh: Mesh | None) -> Policy:
-        policy = from_pretrained(self.m.policy_dir, compute_dtype=self.m.dtype, mesh=mesh)
-        return with_predictor_layers(policy, self.cfg.predictor_layers)
+        return hf_policy.load_policy(self.m.policy_dir, self.m.dtype, self.cfg.predictor_layers, mesh)
 
     def evaluate(self, model: Policy, step: int, mesh: Mesh | None) -> Evaluation:
         """eval/<set>/{accuracy,tool_calls,no_answer} and their plain average over sets: avg@k accuracy over

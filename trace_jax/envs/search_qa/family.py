@@ -27,8 +27,7 @@ from trace_jax.envs.family import Evaluation, Family, TurnShape
 from trace_jax.envs.search_qa.env import SearchQAEnv
 from trace_jax.evaluate_qa import averages, evaluate_set, markdown
 from trace_jax.models.config import ModelConfig
-from trace_jax.models.hf_io import from_pretrained
-from trace_jax.models.qwen3 import Policy, with_predictor_layers
+from trace_jax.models.qwen3 import Policy
 from trace_jax.retrieval.client import RetrieverClient, RetrieverError
 from trace_jax.rollout.engine import SamplingConfig
 from trace_jax.rollout.expand import Pool
@@ -41,8 +40,7 @@ PLOT_KEYS = ("reward", "effective_ratio", "eval/average/em", "eval/average/f1", 
 def load_policy(cfg: TrainConfig, mesh: Mesh | None = None) -> Policy:
     """The run's policy: search_qa.policy_dir's weights in float32, computing in search_qa.dtype, with the
     predictor's own layers when predictor_layers asks for them."""
-    policy = from_pretrained(cfg.search_qa.policy_dir, compute_dtype=cfg.search_qa.dtype, mesh=mesh)
-    return with_predictor_layers(policy, cfg.predictor_layers)
+    return hf_policy.load_policy(cfg.search_qa.policy_dir, cfg.search_qa.dtype, cfg.predictor_layers, mesh)
 
 
 def evaluate(model: Policy, env: SearchQAEnv, questions: Questions, cfg: TrainConfig, step: int,
