@@ -27,14 +27,13 @@ from trace_jax.envs.bfcl.config import BfclConfig
 from trace_jax.envs.bfcl.data import Entry, load_entries
 from trace_jax.envs.bfcl.dataset import build_entries, read_entries
 from trace_jax.envs.bfcl.env import BfclEnv
-from trace_jax.envs.bfcl.episode import Episode, reference
+from trace_jax.envs.bfcl.episode import Episode, Reference, reference
 from trace_jax.envs.family import Evaluation, Family, TurnShape, task_section
 from trace_jax.evaluate_qa import episodes
 from trace_jax.models.config import ModelConfig
 from trace_jax.models.qwen3 import Policy
-from trace_jax.rollout.engine import SamplingConfig
+from trace_jax.rollout.engine import SamplingConfig, past_actions
 from trace_jax.rollout.expand import Pool
-from trace_jax.rollout.tree import Tree
 
 CALLS_FILE = "eval_calls.jsonl"  # one line per entry: {"step", "subset", "id", "calls", "reward", "failure"}
 SPLIT_FILE = "split.json"  # <out_dir>/split.json: {"seed", "train": [ids], "eval": [ids]} of the run's entries
@@ -130,11 +129,13 @@ class BfclTask:
         records = []
         for lo, tree in episodes(model, self.env, es, cfg.eval_batch, key, sampling, self.pad_id, mesh,
                                  desc="eval bfcl"):
+            t = jax.device_get(tree)
+            actions = past_actions(t.tokens, t.policy_mask, t.prompt_len, t.boundaries, t.num_turns,
+                                   np.ones(t.num_slots, bool))  # [slot][turn] the policy's token ids
             for slot, row in enumerate(range(lo, min(lo + cfg.eval_batch, len(es.ids)))):
-                entry = es.entries[row]
-                episode = replay(entry, [self.tokenizer.decode(a, skip_special_tokens=True)
-                                         for a in slot_actions(tree, slot)])
-                records.append(record(entry, episode, float(tree.reward[slot])))
+                texts = self.tokenizer.batch_decode([a.tolist() for a in actions[slot]], skip_special_tokens=True)
+                episode = replay(es.entries[row], texts, self.env.reference(int(es.ids[row])))
+                records.append(record(es.entries[row], episode, float(t.reward[slot])))
         metrics = accuracies(records)
         return Evaluation(metrics=metrics, records={CALLS_FILE: records}, texts={"eval.md": markdown(metrics, step)})
 
@@ -145,19 +146,10 @@ class BfclTask:
         return hf_policy.load_hf(path, self.m.dtype)
 
 
-def slot_actions(tree: Tree, slot: int) -> list[list[int]]:
-    """The policy's token ids of each turn of one slot (observations left out)."""
-    start, out = int(tree.prompt_len[slot]), []
-    for end in np.asarray(tree.boundaries[slot, : tree.num_turns[slot]]).tolist():
-        span, mask = np.asarray(tree.tokens[slot, start:end]), np.asarray(tree.policy_mask[slot, start:end], bool)
-        out.append(span[mask].tolist())
-        start = end
-    return out
-
-
-def replay(entry: Entry, texts: list[str]) -> Episode:
-    """The text-level episode of `entry` after the assistant messages `texts` (stopping when it is done)."""
-    ref, episode = reference(entry), Episode.start(entry)
+def replay(entry: Entry, texts: list[str], ref: Reference) -> Episode:
+    """The text-level episode of `entry` after the assistant messages `texts` (stopping when it is done), checked
+    against its ground truth `ref`."""
+    episode = Episode.start(entry)
     for text in texts:
         if episode.step(text, entry, ref).done:
             break
@@ -232,7 +224,7 @@ def score_calls(cfg: TrainConfig, path: Path) -> Evaluation:
         texts = [t for turn in turns for t in [tool_call_text([_call(binder, c, where) for c in step])
                                                 for step in turn if step] + [DONE]]
         texts += [DONE] * (len(entry.turns) - len(turns))  # turns the file leaves out: answered without calls
-        episode = replay(entry, texts)
+        episode = replay(entry, texts, reference(entry))
         records.append(record(entry, episode, float(episode.done and episode.failure is None)))
     return Evaluation(metrics=accuracies(records), records={CALLS_FILE: records})
 
