@@ -15,6 +15,8 @@ from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITION
 from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
 from transformers import PreTrainedTokenizerBase
 
+from trace_jax.envs.bfcl.calls import Call, tool_call_text
+
 QWEN3_TOOL_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
@@ -50,6 +52,13 @@ QWEN3_TOOL_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 END_OF_MESSAGE = "<|im_end|>"  # what closes a message in Qwen's chat format
+DONE = "Done."  # an assistant message without calls: it closes a user turn
+
+
+def assistant_messages(turns: list[list[list[Call]]]) -> list[str]:
+    """The assistant messages making `turns` (user turn -> step -> its calls): a message per step that makes calls,
+    then DONE closing the turn."""
+    return [m for turn in turns for m in [tool_call_text(step) for step in turn if step] + [DONE]]
 _MARK = "\x00assistant-message\x00"  # stands for an assistant message's text when rendering what follows it
 
 

@@ -22,7 +22,8 @@ from trace_jax import distributed
 from trace_jax.config import TrainConfig
 from trace_jax.envs import hf_policy
 from trace_jax.envs.bfcl.apis import Apis
-from trace_jax.envs.bfcl.calls import Call, parse_call_string, tool_call_text
+from trace_jax.envs.bfcl.calls import Call, parse_call_string
+from trace_jax.envs.bfcl.chat import DONE, assistant_messages
 from trace_jax.envs.bfcl.config import BfclConfig
 from trace_jax.envs.bfcl.data import Entry, load_entries
 from trace_jax.envs.bfcl.dataset import build_entries, read_entries
@@ -37,7 +38,6 @@ from trace_jax.rollout.expand import Pool
 
 CALLS_FILE = "eval_calls.jsonl"  # one line per entry: {"step", "subset", "id", "calls", "reward", "failure"}
 SPLIT_FILE = "split.json"  # <out_dir>/split.json: {"seed", "train": [ids], "eval": [ids]} of the run's entries
-DONE = "Done."  # the message without calls that closes a user turn when scoring a calls file
 PLOT_KEYS = ("reward", "effective_ratio", "eval/overall/accuracy", "predictor_loss", "root_auc",
              "generated_tokens", "tool_calls", "entropy", "utilisation")
 
@@ -221,8 +221,7 @@ def score_calls(cfg: TrainConfig, path: Path) -> Evaluation:
         if entry is None:
             raise ValueError(f"{where}: entry id {row['id']!r} is in no subset of task.subsets={list(m.subsets)}")
         binder = Apis.of(entry)
-        texts = [t for turn in turns for t in [tool_call_text([_call(binder, c, where) for c in step])
-                                                for step in turn if step] + [DONE]]
+        texts = assistant_messages([[[_call(binder, c, where) for c in step] for step in turn] for turn in turns])
         texts += [DONE] * (len(entry.turns) - len(turns))  # turns the file leaves out: answered without calls
         episode = replay(entry, texts, reference(entry))
         records.append(record(entry, episode, float(episode.done and episode.failure is None)))

@@ -18,8 +18,7 @@ from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from trace_jax.data.search_qa_tiny import SPECIAL_TOKENS, fit_episodes, random_qwen3
 from trace_jax.envs.bfcl.apis import Apis
-from trace_jax.envs.bfcl.calls import tool_call_text
-from trace_jax.envs.bfcl.chat import END_OF_MESSAGE, QWEN3_TOOL_TEMPLATE, tools_of
+from trace_jax.envs.bfcl.chat import DONE, END_OF_MESSAGE, QWEN3_TOOL_TEMPLATE, assistant_messages, tools_of
 from trace_jax.envs.bfcl.config import BfclConfig
 from trace_jax.envs.bfcl.data import Entry, load_entries
 from trace_jax.envs.bfcl.env import BfclEnv
@@ -30,15 +29,13 @@ TRAIN_IDS = tuple(f"multi_turn_base_{n}" for n in (132, 100, 104, 120, 115))  # 
 EVAL_IDS = ("multi_turn_base_105", "multi_turn_base_123")  # its eval side
 TINY = BfclConfig(subsets=("base",), entry_ids=TRAIN_IDS + EVAL_IDS, max_turns=8, action_len=16, obs_len=24,
                   prompt_len=40)  # configs/bfcl_tiny.yaml shapes
-DONE = "Done."  # the message without calls that closes a user turn
 
 
 def ground_truth_messages(entry: Entry) -> list[str]:
     """The assistant messages of `entry`'s ground truth: per user turn one message with all its calls (none if the
     turn has none), then DONE."""
     binder = Apis.of(entry)
-    return [m for calls in entry.ground_truth
-            for m in ([tool_call_text([binder.bind(c) for c in calls])] if calls else []) + [DONE]]
+    return assistant_messages([[[binder.bind(c) for c in calls]] for calls in entry.ground_truth])
 
 
 def conversation(entry: Entry) -> list[dict[str, str]]:
