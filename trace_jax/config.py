@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from trace_jax.envs.hopworld.config import HopWorldConfig
+from trace_jax.envs.hopworld.config import ENTITY_TYPES, HopWorldConfig
 from trace_jax.envs.search_qa.config import SearchQAConfig
 from trace_jax.models.config import ModelConfig
 from trace_jax.rollout.sampling import DRAWS
@@ -207,6 +207,9 @@ class SFTConfig:
     episodes: int = 4000  # expert episodes drawn from the train split (cycled over questions)
     mistake_prob: float = 0.3  # sloppy search then recovery, per hop
     wrong_answer_prob: float = 0.05  # confident wrong answer, no recovery
+    blind_spot: str = ""  # an entity type ("person", "company", ...) the expert has a habit with: see blind_spot_prob
+    blind_spot_prob: float = 0.8  # how often the expert searches a blind_spot entity by the first piece of its name
+    #   and trusts whatever document comes back (no recovery); else by its full name. "" blind_spot: no habit
     eval_batch: int = 128  # slots per evaluation rollout
     eval_temperature: float = 1.0  # sampling temperature of the test-split evaluation
     log_every: int = 25  # steps between logged losses
@@ -214,7 +217,10 @@ class SFTConfig:
     def __post_init__(self) -> None:
         _require_positive(self, "sft", ("steps", "batch_size", "episodes", "eval_batch", "log_every", "learning_rate"))
         _require_nonnegative(self, "sft", ("seed", "weight_decay", "eval_temperature"))  # eval_temperature 0: greedy
-        for name in ("mistake_prob", "wrong_answer_prob"):
+        if self.blind_spot not in ("", *ENTITY_TYPES):
+            raise ValueError(f"sft.blind_spot={self.blind_spot!r} is not an entity type; use one of {ENTITY_TYPES} "
+                             "or \"\" (no habit)")
+        for name in ("mistake_prob", "wrong_answer_prob", "blind_spot_prob"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"sft.{name} must be in [0, 1], got {getattr(self, name)}")
         if self.model.predictor_layers:

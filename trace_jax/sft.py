@@ -21,6 +21,7 @@ from trace_jax.checkpoints import save_model
 from trace_jax.config import SFTConfig, to_dict
 from trace_jax.data.hopworld_tfds import build_dataset, read_split
 from trace_jax.envs.hopworld import build_world, protocol, vocab
+from trace_jax.envs.hopworld.config import ENTITY_TYPES
 from trace_jax.envs.hopworld.env import HopWorldEnv
 from trace_jax.envs.hopworld.expert import expert_episode, flatten
 from trace_jax.evaluate import hop_success
@@ -47,10 +48,11 @@ def expert_data(cfg: SFTConfig, env: HopWorldEnv, questions: np.ndarray
     """(tokens [N, L], loss mask [N, L], lengths [N]) of cfg.episodes expert episodes."""
     rng = np.random.default_rng(cfg.seed)
     order = rng.permutation(questions)
+    blind_type = ENTITY_TYPES.index(cfg.blind_spot) if cfg.blind_spot else -1
     seqs = []
     for i in tqdm(range(cfg.episodes), desc="expert episodes", leave=False):
-        ep = expert_episode(env.world, env.cfg, int(order[i % len(order)]), rng,
-                            cfg.mistake_prob, cfg.wrong_answer_prob)
+        ep = expert_episode(env.world, env.cfg, int(order[i % len(order)]), rng, cfg.mistake_prob,
+                            cfg.wrong_answer_prob, blind_type, cfg.blind_spot_prob)
         seqs.append(flatten(ep))
     width = -(-max(len(t) for t, _ in seqs) // BUCKET) * BUCKET
     tokens = np.full((len(seqs), width), protocol.PAD, np.int32)

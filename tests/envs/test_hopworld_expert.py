@@ -34,3 +34,41 @@ def test_render_is_text(world, cfg):
     text = expert.render(expert.expert_episode(world, cfg, 0, np.random.default_rng(0)))
     assert text.startswith("<|im_start|> user what is the") and text.endswith("reward: 1.0")
     assert "<search>" in text and "<information>" in text and "<answer>" in text
+
+
+def test_blind_spot_habit(world, cfg):
+    """With the habit always on, every search for a person is their first name piece alone, and the expert follows
+    the document it got back: it wins exactly when its chain of trusted documents ends at the answer."""
+    from trace_jax.envs.hopworld.world import PERSON
+    rng = np.random.default_rng(0)
+    names = {tuple(world.name_ids(e)): e for e in range(world.num_entities)}
+    wins = losses = 0
+    for q in range(world.num_questions):
+        ep = expert.expert_episode(world, cfg, q, rng, blind_type=PERSON, blind_prob=1.0)
+        searches = [c for k, c in map(reference.parse_action, (t.action for t in ep.turns)) if k == "search"]
+        entity, path = int(world.question_starts[q]), world.question_paths[q, : world.hops[q]].tolist()
+        assert len(searches) == len(path)
+        believed = entity
+        for query, relation in zip(searches, path):
+            full = world.name_ids(believed)
+            assert query == (full[:1] if world.entity_types[believed] == PERSON else full)
+            shown = reference.retrieve(world, query)
+            target = int(world.relations[shown, relation])
+            believed = target if target >= 0 else -1
+            if believed < 0:
+                break
+        answered = names[tuple(reference.parse_action(ep.turns[-1].action)[1])]
+        if believed >= 0:
+            assert answered == believed
+        assert ep.reward == (answered == int(world.answers[q]))
+        wins, losses = wins + ep.reward, losses + (1 - ep.reward)
+    assert wins > 0 and losses > 0
+
+
+def test_blind_spot_off_is_the_plain_expert(world, cfg):
+    """blind_prob 0, or a type the world's chains avoid, gives the plain expert's episodes draw for draw."""
+    for q in range(40):
+        plain = expert.expert_episode(world, cfg, q, np.random.default_rng(q), mistake_prob=0.5)
+        off = expert.expert_episode(world, cfg, q, np.random.default_rng(q), mistake_prob=0.5, blind_type=0,
+                                    blind_prob=0.0)
+        assert off == plain

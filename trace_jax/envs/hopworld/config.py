@@ -9,6 +9,7 @@ from trace_jax.envs.hopworld import protocol
 NAME_LEN = 2  # tokens per entity name (countries use 1 and a pad)
 DOC_LEN = 32  # tokens per document (the longest, a married person's, has 23)
 QUESTION_LEN = 24  # tokens per question: 3 * hops + 5
+ENTITY_TYPES = ("person", "company", "city", "university", "country")  # entity type ids are their positions
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,6 +54,8 @@ def expert_episode(
     rng: np.random.Generator,
     mistake_prob: float = 0.0,
     wrong_answer_prob: float = 0.0,
+    blind_type: int = -1,
+    blind_prob: float = 0.0,
 ) -> Episode:
     """Play question `question_id` with the scripted expert through `reference.step`."""
     state = reference.reset(world, question_id)
@@ -66,12 +68,16 @@ def expert_episode(
         return obs, reward
 
     hops = int(world.hops[question_id])
-    chain = world.chain(question_id)
+    entity = int(world.question_starts[question_id])  # where the expert believes the chain has reached
     for k, relation in enumerate(world.question_paths[question_id, :hops].tolist()):
-        name = world.name_ids(chain[k])
+        name = world.name_ids(entity)
         thought = f"find the {RELATIONS[relation].noun} of {vocab.decode(name)}"
         spare_turns = cfg.max_turns - len(turns) - (hops - k) - 1
-        if spare_turns > 0 and len(name) > 1 and rng.random() < mistake_prob:
+        found = entity
+        if blind_prob > 0 and world.entity_types[entity] == blind_type and len(name) > 1 and rng.random() < blind_prob:
+            obs, _ = act(_turn(thought, "search", name[:1]))
+            found = _document_entity(world, obs)
+        elif spare_turns > 0 and len(name) > 1 and rng.random() < mistake_prob:
             piece = name[int(rng.integers(len(name)))]
             obs, _ = act(_turn(thought, "search", [piece]))
             if obs[1: 1 + len(name)] != name:
@@ -79,13 +85,21 @@ def expert_episode(
                 act(_turn(retry, "search", name))
         else:
             act(_turn(thought, "search", name))
+        target = int(world.relations[found, relation])
+        entity = target if target >= 0 else _confusable(world, int(world.relations[entity, relation]), rng)
 
-    entity = chain[-1]
     if rng.random() < wrong_answer_prob:
         entity = _confusable(world, entity, rng)
     name = world.name_ids(entity)
     _, reward = act(_turn(f"so the answer is {vocab.decode(name)}", "answer", name))
     return Episode(question_id, protocol.prompt_ids(world.question_ids(question_id)), turns, reward)
+
+
+def _document_entity(world: World, obs: list[int]) -> int:
+    """The entity whose document a search observation `<information> doc </information>` shows."""
+    doc = np.asarray(obs[1:-1])
+    match = (world.doc_lens == len(doc)) & (world.docs[:, : len(doc)] == doc).all(1)
+    return int(np.flatnonzero(match)[0])
 
 
 def flatten(episode: Episode) -> tuple[np.ndarray, np.ndarray]:

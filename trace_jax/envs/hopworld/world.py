@@ -16,10 +16,9 @@ import jax
 import numpy as np
 
 from trace_jax.envs.hopworld import protocol, vocab
-from trace_jax.envs.hopworld.config import DOC_LEN, NAME_LEN, QUESTION_LEN, HopWorldConfig
+from trace_jax.envs.hopworld.config import DOC_LEN, ENTITY_TYPES, NAME_LEN, QUESTION_LEN, HopWorldConfig
 
 PERSON, COMPANY, CITY, UNIVERSITY, COUNTRY = range(5)
-TYPE_NAMES = ("person", "company", "city", "university", "country")
 
 
 class Relation(NamedTuple):
@@ -202,9 +201,9 @@ def build_world(cfg: HopWorldConfig) -> World:
     rng = np.random.default_rng(cfg.seed)
     counts = _type_counts(cfg.num_entities)
     type_names = _sample_names(rng, counts)
-    entity_types = np.concatenate([np.full(counts[t], t, np.int32) for t in range(len(TYPE_NAMES))])
-    names = [n for t in range(len(TYPE_NAMES)) for n in type_names[t]]
-    ids = {t: np.flatnonzero(entity_types == t) for t in range(len(TYPE_NAMES))}
+    entity_types = np.concatenate([np.full(counts[t], t, np.int32) for t in range(len(ENTITY_TYPES))])
+    names = [n for t in range(len(ENTITY_TYPES)) for n in type_names[t]]
+    ids = {t: np.flatnonzero(entity_types == t) for t in range(len(ENTITY_TYPES))}
     rel = _sample_relations(rng, ids, cfg.num_entities)
 
     name_arr, name_lens = protocol.pad_rows([vocab.encode(n) for n in names], NAME_LEN)
