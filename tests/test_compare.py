@@ -70,6 +70,17 @@ def test_success_is_read_at_equal_cumulative_tokens(tmp_path):
     assert s["methods"]["a"]["mean"]["success_at_tokens"] == pytest.approx(np.mean(a))
     assert s["methods"]["a"]["std"]["success_at_tokens"] == pytest.approx(np.std(a, ddof=1))
     assert s["methods"]["b"]["mean"]["success_end"] == pytest.approx((0.6 + 0.9) / 2)
+    # the first method minus each other, paired by seed
+    b = [s["methods"]["b"]["runs"][k]["success_at_tokens"] for k in ("0", "1")]
+    paired = s["paired"]["methods"]["b"]
+    assert s["paired"]["reference"] == "a" and list(s["paired"]["methods"]) == ["b"]
+    assert paired["diffs"] == {"0": pytest.approx(a[0] - b[0]), "1": pytest.approx(a[1] - b[1])}
+    d = np.subtract(a, b)
+    half = 12.706204736174707 * d.std(ddof=1) / np.sqrt(2)  # Student t, 1 degree of freedom, 97.5% quantile
+    assert (paired["low"], paired["high"]) == (pytest.approx(d.mean() - half), pytest.approx(d.mean() + half))
+    assert f"| a - b | {a[0] - b[0]:+.1%}, {a[1] - b[1]:+.1%} |" in markdown_table(s)
+    assert s["methods"]["a"]["runs"]["0"]["gain_at_tokens"] == pytest.approx(a[0] - 0.5)  # from step 0 to T*
+    assert s["methods"]["b"]["runs"]["0"]["mixed_per_1k_tokens"] == pytest.approx(1000 * 0.25 * 2 / 50)
     # a run with no evaluation (cut short before step 0's was logged) is named, not a bare max() error
     _log(tmp_path / "runs/c/seed0", {}, [50] * 2)
     with pytest.raises(ValueError, match=r"runs/c/seed0: no test evaluation \(eval/success\)"):
@@ -95,8 +106,12 @@ def test_quick_compare_end_to_end_from_raw_metrics(tmp_path, capsys):
     args = [*QUICK_TINY, "seeds=1", "train.seed=3", f"train.init_checkpoint={tmp_path / 'base'}",
             f"train.data_dir={tmp_path / 'tfds'}", f"out_dir={out}", f"train.checkpoint_dir={tmp_path / 'ckpts'}"]
     assert main(["compare", "--quick", "--methods", "trace,grpo_matched", *args]) == 0
+    protocol = (out / "PROTOCOL.md").read_text()
+    for fact in ("`trace`: TRACE", "`grpo_matched`: GRPO whose group size", "**Seeds**: 3, fixed", "at steps 0, 2.",
+                 "`trace` minus each other method at T*, paired by seed", "M = 4 root rollouts, N = 1"):
+        assert fact in protocol, fact
     for name in ("summary.json", "results.md", "success_vs_tokens.png", "effective_ratio.png", "reliability.png",
-                 "budget.png"):
+                 "budget.png", "contrast_vs_gain.png", "PROTOCOL.md"):
         assert (out / name).stat().st_size > 0, name
     summary = json.loads((out / "summary.json").read_text())
     assert summary["seeds"] == [3] and set(summary["methods"]) == {"trace", "grpo_matched"}
@@ -125,6 +140,7 @@ def test_quick_compare_end_to_end_from_raw_metrics(tmp_path, capsys):
     assert "compare: grpo_matched, seed 3" in out_text and "holds this run's checkpoint at step 2" in out_text
     assert (out / "runs/grpo_matched/seed3/policy").is_dir()
     assert main(["compare", "--quick", "--methods", "trace", *args, "train.learning_rate=0.02"]) == 2
+    assert (out / "PROTOCOL.md").read_text() == protocol  # written once, before the runs it describes
     assert np.isfinite(yaml.safe_load((out / "compare.yaml").read_text())["train"]["learning_rate"])
     # one of the runs' trees, drawn
     assert main(["show-tree", "--run", str(out / "runs/trace/seed3"), "--out", str(tmp_path / "tree.png")]) == 0

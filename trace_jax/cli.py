@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _export(args: argparse.Namespace) -> int:
@@ -57,7 +58,14 @@ def _compare(args: argparse.Namespace) -> int:
     from trace_jax.config import load_config
 
     extra = ([f"methods=[{args.methods}]"] if args.methods else []) + list(args.overrides)
-    compare(load_config(CompareConfig, args.config, (QUICK_COMPARE if args.quick else []) + extra))
+    ccfg = load_config(CompareConfig, args.config, (QUICK_COMPARE if args.quick else []) + extra)
+    if args.protocol:
+        from trace_jax.compare.protocol import write_protocol
+
+        Path(ccfg.out_dir).mkdir(parents=True, exist_ok=True)
+        print(f"compare: the protocol is in {write_protocol(ccfg, Path(ccfg.out_dir))}; nothing was run")
+        return 0
+    compare(ccfg)
     return 0
 
 
@@ -132,7 +140,6 @@ def _bench_solver(args: argparse.Namespace) -> int:
 
 def _eval(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
     from trace_jax.config import TrainConfig, load_config
     from trace_jax.envs.registry import check_family
@@ -431,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="comma-separated methods, e.g. trace,grpo,grpo_matched,trace@32x6 (default: the config's)")
     comp.add_argument("--quick", action="store_true",
                       help="a smoke-sized comparison: " + " ".join(QUICK_COMPARE))
+    comp.add_argument("--protocol", action="store_true",
+                      help="only write out_dir/PROTOCOL.md (what the runs will do), to read before running them; "
+                           "an existing one is kept")
     comp.set_defaults(func=_compare)
 
     tree = sub.add_parser("show-tree", help="draw one prompt's rollout tree of a finished run (text and PNG)",

@@ -24,6 +24,16 @@ METHODS: dict[str, dict[str, Any]] = {
     "trace_roots_uniform_prefix": {"allocator": "trace_roots_uniform_prefix"},
     "uniform_roots_trace_prefix": {"allocator": "uniform_roots_trace_prefix"},
 }
+METHOD_NOTES: dict[str, str] = {  # one line each, for a comparison's PROTOCOL.md
+    "trace": "TRACE: prompts and turns chosen by the predictor's V~ (stage 1 roots, stage 2 continuations)",
+    "grpo": "GRPO: prompts drawn uniformly, `group_size` rollouts each, M set by equal cost",
+    "grpo_matched": "GRPO whose group size equals TRACE's mean leaves per opened prompt (measured at step 0)",
+    "pcl": "GRPO's groups on the prompts whose V~ is nearest 0.5",
+    "random_tree": "trees: GRPO's roots, continuations on anchors drawn at random, at TRACE's (M, N)",
+    "uniform_tree": "trees: GRPO's roots, continuations spread evenly over anchors, at TRACE's (M, N)",
+    "trace_roots_uniform_prefix": "TRACE's stage 1, stage 2 spread evenly",
+    "uniform_roots_trace_prefix": "stage 1 spread evenly, TRACE's stage 2",
+}
 METHOD_FIELDS = ("allocator", "match_group_size", "roots", "continuations")  # what methods may differ in
 RUN_FIELDS = ("out_dir", "checkpoint_dir")  # where each run writes
 _BUDGET = re.compile(r"^(?P<name>[a-z_]+)@(?P<roots>\d+)x(?P<cont>\d+)$")

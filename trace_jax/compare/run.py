@@ -14,6 +14,7 @@ from trace_jax.checkpoints import save_model
 from trace_jax.compare.config import CompareConfig
 from trace_jax.compare.methods import check_fair, method_config, parse_methods
 from trace_jax.compare.plots import plot_comparison
+from trace_jax.compare.protocol import write_protocol
 from trace_jax.compare.summary import markdown_table, summarize
 from trace_jax.config import TrainConfig, WarmupConfig, from_dict, to_dict
 from trace_jax.envs.family import Evaluation
@@ -60,11 +61,12 @@ def shared_start(cfg: TrainConfig, out_dir: Path) -> tuple[Path, Evaluation]:
 
 
 def compare(ccfg: CompareConfig) -> dict:
-    """Trains every method x seed into ccfg.out_dir/runs/<method>/seed<s>, then writes summary.json,
-    results.md and the PNGs there from the runs' raw metrics. Finished runs are reused."""
+    """Writes PROTOCOL.md (unless there), trains every method x seed into ccfg.out_dir/runs/<method>/seed<s>, then
+    writes summary.json, results.md and the PNGs there from the runs' raw metrics. Finished runs are reused."""
     out = Path(ccfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare.yaml").write_text(yaml.safe_dump(to_dict(ccfg), sort_keys=False))
+    write_protocol(ccfg, out)  # before any run; kept as written when the comparison goes on
     methods = parse_methods(ccfg.methods)
     seeds = [ccfg.train.seed + k for k in range(ccfg.seeds)]
     family = check_family(ccfg.train)

@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from scipy import stats
 
+from trace_jax.compare.protocol import CONFIDENCE
 from trace_jax.metrics import read_metrics
 
 # per-run statistic -> (table header, format); the table shows mean ± sample std over seeds
@@ -18,11 +20,13 @@ COLUMNS = {
     "success_at_tokens": ("test success @ T*", "{:.1%}"),
     "success_start": ("test success, step 0", "{:.1%}"),
     "success_end": ("test success, last step", "{:.1%}"),
+    "gain_at_tokens": ("gain @ T*", "{:+.1%}"),
     "effective_ratio": ("effective ratio", "{:.3f}"),
     "mixed_prompts": ("mixed prompts/step", "{:.2f}"),
     "solve_none": ("solve_none", "{:.3f}"),
     "solve_all": ("solve_all", "{:.3f}"),
     "generated_tokens": ("tokens/step", "{:.0f}"),
+    "mixed_per_1k_tokens": ("mixed prompts/1k tokens", "{:.2f}"),
     "leaves": ("leaves/step", "{:.1f}"),
     "prompts": ("prompts/step", "{:.1f}"),
     "root_auc": ("root AUC (train)", "{:.3f}"),
@@ -62,6 +66,26 @@ def run_stats(rows: Sequence[dict], tokens_at: float, metric: str = SUCCESS) -> 
     mixed = [r["effective_ratio"] * r["prompts"] for r in steps
              if r.get("effective_ratio") is not None and r.get("prompts") is not None]
     out["mixed_prompts"] = float(np.mean(mixed)) if mixed else None
+    out["gain_at_tokens"] = out["success_at_tokens"] - out["success_start"]
+    out["mixed_per_1k_tokens"] = (1000 * out["mixed_prompts"] / out["generated_tokens"]
+                                  if mixed and out["generated_tokens"] else None)
+    return out
+
+
+def paired_differences(runs: dict[str, dict[str, dict]], reference: str, key: str = "success_at_tokens",
+                       confidence: float = 0.95) -> dict[str, dict]:
+    """`reference` minus each other method in `key`, paired by seed: {method: {"diffs": {seed: d}, "mean",
+    "low", "high"}} with a two-sided Student-t interval over the seeds (none for one seed)."""
+    out = {}
+    for m, by_seed in runs.items():
+        if m == reference:
+            continue
+        diffs = {s: runs[reference][s][key] - by_seed[s][key] for s in by_seed}
+        d = np.array(list(diffs.values()), float)
+        half = (stats.t.ppf(0.5 + confidence / 2, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+                if len(d) > 1 else float("nan"))
+        out[m] = {"diffs": diffs, "mean": float(d.mean()), "low": float(d.mean() - half),
+                  "high": float(d.mean() + half)}
     return out
 
 
@@ -86,6 +110,8 @@ def summarize(out_dir: str | Path, methods: Sequence[str], seeds: Sequence[int],
             mean[key] = float(values.mean()) if values.size else None
             std[key] = float(values.std(ddof=1)) if values.size > 1 else 0.0
         result["methods"][m] = {"runs": runs, "mean": mean, "std": std}
+    result["paired"] = {"reference": methods[0], "confidence": CONFIDENCE, "methods": paired_differences(
+        {m: v["runs"] for m, v in result["methods"].items()}, methods[0], confidence=CONFIDENCE)}
     return result
 
 
@@ -103,4 +129,13 @@ def markdown_table(summary: dict) -> str:
             cells.append("n/a" if mean is None else f"{fmt.format(mean)} ± {fmt.format(std).rstrip('%')}"
                          + ("%" if fmt.endswith("%}") else ""))
         lines.append("| " + " | ".join(cells) + " |")
+    paired = summary.get("paired")
+    if paired and paired["methods"]:
+        ref = paired["reference"]
+        lines += ["", f"{ref} minus each method in test success @ T*, paired by seed: mean and two-sided "
+                  f"{paired['confidence']:.0%} Student-t interval over the seeds.", "",
+                  "| method | per seed | mean | interval |", "|---|---|---|---|"]
+        for m, d in paired["methods"].items():
+            per_seed = ", ".join(f"{v:+.1%}" for v in d["diffs"].values())
+            lines.append(f"| {ref} - {m} | {per_seed} | {d['mean']:+.1%} | [{d['low']:+.1%}, {d['high']:+.1%}] |")
     return "\n".join(lines) + "\n"
