@@ -310,3 +310,17 @@ def test_the_bench_says_when_its_policy_is_a_random_one(tmp_path):
     model, which = hopworld_policy(str(tmp_path / "missing"))
     assert model.cfg == SFTConfig().model
     assert "random init" in which and "missing" in which and "trace-jax sft" in which
+
+
+def test_form_rates_leave_the_question_out():
+    from trace_jax.bench.contrast import contrast_figures, form_rates
+
+    # forms: questions 0-2 share form 0, question 3 is alone in form 1; 2 seen episodes each
+    seen = np.array([[1, 1], [1, 0], [0, 0], [1, 1]], bool)
+    rates = form_rates(seen, np.array([0, 0, 0, 1]))
+    np.testing.assert_allclose(rates, [1 / 4, 2 / 4, 3 / 4, 5 / 8])  # question 3: the overall rate
+    reward = np.concatenate([seen, np.array([[0], [1], [1], [0]], bool)], 1)
+    r = contrast_figures(reward, np.ones(4, int), group=2, forms=np.array([0, 0, 0, 1]))
+    # held out [0, 1, 1, 0]; scores [1/4, 1/2, 3/4, 5/8]: of the 4 (positive, negative) pairs only (1/2, 5/8) is
+    # ordered wrongly
+    assert r["auc_form_rate"] == 0.75

@@ -6,9 +6,10 @@ question. Printed:
 - the share of questions whose first G episodes are mixed: GRPO's effective ratio at group size G on prompts
   drawn uniformly (the paper's math setting: 26.8% at G = 8);
 - the root AUC of a perfect predictor of each question's success rate (the ceiling for any predictor that reads
-  the prompt), from a beta-binomial fit of the questions' K episodes; and two predictors one can compute: the
+  the prompt), from a beta-binomial fit of the questions' K episodes; and three predictors one can compute: the
   question's empirical success over the other K - 1 episodes (below that ceiling: a noisy estimate of the rate),
-  and its hop count's success rate;
+  its hop count's success rate, and its form's (start entity type and relation path: what the text shows without
+  the world's facts) success over the other questions of that form;
 - ceilings for the prefix AUC (turn nodes: the state after each non-final turn): the success rate, over the other
   K - 1 episodes of every question, of the node's state in the world (hop count, turns taken, and how many entities
   of the question's chain the retrieved documents have reached in order). A predictor that reads the history can
@@ -43,11 +44,14 @@ from trace_jax.rollout.tree import Tree
 from trace_jax.train.warmup import Episodes, episode_values, fit_own_layers, select
 
 
-def contrast_figures(reward: np.ndarray, hops: np.ndarray, group: int) -> dict[str, float]:
+def contrast_figures(reward: np.ndarray, hops: np.ndarray, group: int, forms: np.ndarray | None = None
+                     ) -> dict[str, float]:
     """From outcomes reward [Q, K] bool (K episodes of Q questions) and hops [Q]: success_hop{h}, mixed_at_group over
     the first `group` episodes, the root AUC of the last episode's outcome for the question's success over the first
     K - 1 and for its hop count's rate over them, and `true_rate_auc` over all K (auc_true_rate, rate_beta_a/b) with
-    its bootstrap standard error over questions (auc_true_rate_se)."""
+    its bootstrap standard error over questions (auc_true_rate_se). With forms [Q] (labels: questions of one form
+    read alike), auc_form_rate: for the success over the first K - 1 episodes of the *other* questions of its form
+    (the overall rate for a form of one question)."""
     seen, held = reward[:, :-1], reward[:, -1]
     every = jnp.ones(len(reward), bool)
     by_hops = success_by_hops(seen.reshape(-1), np.repeat(hops, seen.shape[1]))
@@ -56,11 +60,29 @@ def contrast_figures(reward: np.ndarray, hops: np.ndarray, group: int) -> dict[s
     out["mixed_at_group"] = float((first.any(1) & ~first.all(1)).mean())
     out["auc_question_mean"] = float(auc(jnp.asarray(seen.mean(1)), jnp.asarray(held), every))
     out["auc_hop_rate"] = float(auc(jnp.asarray([by_hops[f"success_hop{h}"] for h in hops]), jnp.asarray(held), every))
+    if forms is not None:
+        out["auc_form_rate"] = float(auc(jnp.asarray(form_rates(seen, forms)), jnp.asarray(held), every))
     out["auc_true_rate"], out["rate_beta_a"], out["rate_beta_b"] = true_rate_auc(reward)
     rng = np.random.default_rng(0)  # its standard error: the fit again on questions drawn with replacement
     out["auc_true_rate_se"] = float(np.std([true_rate_auc(reward[rng.integers(0, len(reward), len(reward))])[0]
                                             for _ in range(100)]))
     return out
+
+
+def form_rates(seen: np.ndarray, forms: np.ndarray) -> np.ndarray:
+    """[Q] each question's form's success over the episodes seen [Q, K'] of the other questions of that form."""
+    wins = np.bincount(forms, seen.sum(1))  # per form
+    counts = np.bincount(forms) * seen.shape[1]
+    others_wins, others = wins[forms] - seen.sum(1), counts[forms] - seen.shape[1]
+    return np.where(others > 0, others_wins / np.maximum(others, 1), seen.mean())
+
+
+def question_forms(world: World, questions: np.ndarray) -> np.ndarray:
+    """[Q] labels of what a question's text shows without the world's facts: its start entity's type and its
+    relation path."""
+    keys = [(int(world.entity_types[world.question_starts[q]]), *world.question_paths[q].tolist()) for q in questions]
+    index = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+    return np.array([index[k] for k in keys])
 
 
 def true_rate_auc(reward: np.ndarray) -> tuple[float, float, float]:
@@ -231,7 +253,7 @@ def tower_report(base: Policy, tree: Tree, held: np.ndarray, batch: int, steps: 
 
 def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = True, probes: bool = False,
                     tower_steps: int = 800) -> dict[str, float]:
-    """The figures above as a dict: success_hop{h}, mixed_at_group, auc_question_mean, auc_hop_rate,
+    """The figures above as a dict: success_hop{h}, mixed_at_group, auc_question_mean, auc_hop_rate, auc_form_rate,
     prefix_auc_state, prefix_nodes, auc_head and prefix_auc_head (after the warm-up; absent when warmup is False), and
     `probe_report`'s prefix_auc_probe_* and `tower_report`'s figures after tower_steps minibatches (probes: True)."""
     from trace_jax.envs.hopworld.family import HopWorldTask, base_policy, split_question_ids
@@ -250,7 +272,7 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
     tree = rollout_questions(model, env, np.repeat(questions, samples), cfg.eval_batch, jax.random.key(cfg.seed + 11),
                              sampling)
     reward = np.asarray(tree.reward).reshape(len(questions), samples) > 0.5
-    out = contrast_figures(reward, np.asarray(env.world.hops)[questions], group)
+    out = contrast_figures(reward, np.asarray(env.world.hops)[questions], group, question_forms(env.world, questions))
     slot, turn, states = prefix_states(tree, env.world)
     held = slot % samples == samples - 1  # the held-out episode of each question (slots are question-major)
     won = np.asarray(tree.reward)[slot] > 0.5
@@ -297,7 +319,8 @@ def run_contrast_bench(cfg: TrainConfig, samples: int, group: int, probes: bool 
           f"{r['auc_true_rate_se']:.3f} (rates ~ "
           f"Beta({a:.2f}, {b:.2f}): mean {a / (a + b):.3f}, std {np.sqrt(a * b / (a + b + 1)) / (a + b):.3f})")
     print(f"root AUC for a held-out episode: question's success over {samples - 1} others "
-          f"{r['auc_question_mean']:.3f}, hop count's success rate {r['auc_hop_rate']:.3f}"
+          f"{r['auc_question_mean']:.3f}, hop count's success rate {r['auc_hop_rate']:.3f}, its form's (start type "
+          f"and relations) over the other questions of that form {r['auc_form_rate']:.3f}"
           + (f", warmed-up head {r['auc_head']:.3f}" if "auc_head" in r else ""))
     print(f"prefix AUC over {r['prefix_nodes']} turn nodes of the held-out episodes: success rate of the node's state "
           f"(hops, turn, chain entities reached) {r['prefix_auc_state']:.3f}"
