@@ -81,6 +81,10 @@ def test_success_is_read_at_equal_cumulative_tokens(tmp_path):
     assert f"| a - b | {a[0] - b[0]:+.1%}, {a[1] - b[1]:+.1%} |" in markdown_table(s)
     assert s["methods"]["a"]["runs"]["0"]["gain_at_tokens"] == pytest.approx(a[0] - 0.5)  # from step 0 to T*
     assert s["methods"]["b"]["runs"]["0"]["mixed_per_1k_tokens"] == pytest.approx(1000 * 0.25 * 2 / 50)
+    gains = [s["methods"][m]["runs"][k]["gain_at_tokens"] for m in ("a", "b") for k in ("0", "1")]
+    for key, per_run in (("effective_ratio", [0.5, 0.5, 0.25, 0.5]), ("mixed_per_1k_tokens", [10, 10, 10, 20])):
+        assert [s["methods"][m]["runs"][k][key] for m in ("a", "b") for k in ("0", "1")] == pytest.approx(per_run)
+        assert s["contrast_gain_correlation"][key] == pytest.approx(np.corrcoef(per_run, gains)[0, 1]), key
     # a run with no evaluation (cut short before step 0's was logged) is named, not a bare max() error
     _log(tmp_path / "runs/c/seed0", {}, [50] * 2)
     with pytest.raises(ValueError, match=r"runs/c/seed0: no test evaluation \(eval/success\)"):

@@ -110,13 +110,13 @@ def plot_contrast_vs_gain(out: Path, summary: dict) -> Path:
     (effective ratio; mixed prompts per 1000 generated tokens), one dot per run, one colour per method."""
     fig = Figure(figsize=(11, 4), layout="constrained")
     axes = fig.subplots(1, 2)
-    for key, ax in zip(("effective_ratio", "mixed_per_1k_tokens"), axes):
+    labels = {"effective_ratio": "effective ratio", "mixed_per_1k_tokens": "mixed prompts per 1k tokens"}
+    for (key, label), ax in zip(labels.items(), axes):
         for m, s in summary["methods"].items():
             runs = [r for r in s["runs"].values() if r[key] is not None]
             ax.scatter([r[key] for r in runs], [100 * r["gain_at_tokens"] for r in runs], label=m, s=25)
-        ax.axhline(0, color="grey", lw=0.8)
-        ax.set(xlabel=f"{key} (mean over steps)", ylabel="gain in test success, step 0 to T* (points)",
-               title=f"contrast against learning, one dot per run ({key})")
+        ax.set(xlabel=f"{label} (mean over steps)", ylabel="gain in test success, step 0 to T* (points)",
+               title=f"contrast against learning: {label}\n(one dot per run)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return _save(fig, out / "contrast_vs_gain.png")

@@ -89,6 +89,18 @@ def paired_differences(runs: dict[str, dict[str, dict]], reference: str, key: st
     return out
 
 
+def contrast_gain_correlation(methods: dict[str, dict]) -> dict[str, float | None]:
+    """Pearson correlation over every run (all methods and seeds) of its gain @ T* with the contrast it found
+    (effective ratio; mixed prompts per 1000 tokens); None with fewer than 3 runs or no spread."""
+    runs = [r for m in methods.values() for r in m["runs"].values()]
+    out: dict[str, float | None] = {}
+    for key in ("effective_ratio", "mixed_per_1k_tokens"):
+        pairs = np.array([(r[key], r["gain_at_tokens"]) for r in runs if r[key] is not None], float).reshape(-1, 2)
+        ok = len(pairs) >= 3 and (pairs.std(0) > 0).all()
+        out[key] = float(np.corrcoef(pairs.T)[0, 1]) if ok else None
+    return out
+
+
 def summarize(out_dir: str | Path, methods: Sequence[str], seeds: Sequence[int], metric: str = SUCCESS) -> dict:
     """{"tokens_at": T*, "seeds": [...], "methods": {m: {"runs": {seed: stats}, "mean": {...}, "std": {...}}}}
     from out_dir/runs/<method>/seed<s>/metrics.jsonl, test success read from `metric` (the task family's
@@ -110,6 +122,7 @@ def summarize(out_dir: str | Path, methods: Sequence[str], seeds: Sequence[int],
             mean[key] = float(values.mean()) if values.size else None
             std[key] = float(values.std(ddof=1)) if values.size > 1 else 0.0
         result["methods"][m] = {"runs": runs, "mean": mean, "std": std}
+    result["contrast_gain_correlation"] = contrast_gain_correlation(result["methods"])
     result["paired"] = {"reference": methods[0], "confidence": CONFIDENCE, "methods": paired_differences(
         {m: v["runs"] for m, v in result["methods"].items()}, methods[0], confidence=CONFIDENCE)}
     return result
@@ -126,9 +139,15 @@ def markdown_table(summary: dict) -> str:
         cells = [m]
         for key, (_, fmt) in COLUMNS.items():
             mean, std = s["mean"][key], s["std"][key]
-            cells.append("n/a" if mean is None else f"{fmt.format(mean)} ± {fmt.format(std).rstrip('%')}"
-                         + ("%" if fmt.endswith("%}") else ""))
+            spread = fmt.replace("+", "").format(std).rstrip("%")  # a std has no sign
+            unit = "%" if fmt.endswith("%}") else ""
+            cells.append("n/a" if mean is None else f"{fmt.format(mean)} ± {spread}{unit}")
         lines.append("| " + " | ".join(cells) + " |")
+    corr = {k: v for k, v in summary.get("contrast_gain_correlation", {}).items() if v is not None}
+    if corr:
+        n_runs = sum(len(m["runs"]) for m in summary["methods"].values())
+        lines += ["", f"Correlation over the {n_runs} runs of the gain @ T* with the contrast a run found: "
+                  + ", ".join(f"{k} {v:+.2f}" for k, v in corr.items()) + "."]
     paired = summary.get("paired")
     if paired and paired["methods"]:
         ref = paired["reference"]
