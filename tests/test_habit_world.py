@@ -19,7 +19,8 @@ RESULTS = ROOT / "docs/results/habit"
 TINY = ["world.num_entities=64", "world.num_questions=120", "sft.steps=4", "sft.episodes=32", "sft.batch_size=8",
         "sft.warmup_steps=1", "sft.eval_batch=16", "sft.model.hidden_size=32", "sft.model.intermediate_size=64",
         "sft.model.num_layers=1", "sft.model.num_heads=2", "sft.model.num_kv_heads=1", "sft.model.head_dim=16",
-        "pool_size=4", "roots=4", "continuations=1", "eval_batch=16", "warmup.batches=2", "warmup.fit_steps=4"]
+        "pool_size=4", "roots=4", "continuations=1", "eval_batch=16", "warmup.batches=2", "warmup.fit_steps=4",
+        "predictor_layers=0"]
 
 
 def readme_command(*words: str) -> list[str]:
