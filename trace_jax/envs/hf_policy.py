@@ -1,7 +1,7 @@
 """What the task families whose policy is a local HF Qwen3 checkpoint share (search QA, math, BFCL): its tokenizer,
 the base policy loaded from it, its dims for the memory planner (from its config.json, or a public model's before the
 checkpoint is there), the trained policy saved and read back as an HF checkpoint, and prompt pools drawn from a set
-of tokenized prompts."""
+of tokenized prompts; `HFTask`, the Task methods built from them."""
 
 from __future__ import annotations
 
@@ -98,3 +98,41 @@ def load_hf(path: str | Path, dtype: str) -> Policy:
     if (Path(path) / "config.json").is_file():
         return from_pretrained(path, compute_dtype=dtype)
     return load_model(path)
+
+
+class HFTask:
+    """The Task methods (`envs.family.Task`) of a family whose policy is a local HF Qwen3 checkpoint and whose
+    training prompts are a tokenized set: pools drawn from (seed, stream, step) alone, so a resumed run and every
+    process see the same pools (stream 0: training, 1: the predictor warm-up); the base policy; the trained policy as
+    an HF checkpoint. A subclass sets `cfg` and `tokenizer` and names `source` (its config section, with policy_dir
+    and dtype) and `training` (ids [n], tokens [n, P], lengths [n])."""
+
+    cfg: TrainConfig
+    tokenizer: PreTrainedTokenizerBase
+
+    @property
+    def source(self):  # the config section naming policy_dir and dtype
+        raise NotImplementedError
+
+    @property
+    def training(self):  # the training prompts: ids, tokens, lengths
+        raise NotImplementedError
+
+    def _pool(self, step: int, mesh: Mesh | None, stream: int) -> Pool:
+        t = self.training
+        return draw_pool(t.ids, t.tokens, t.lengths, self.cfg.pool_size, (self.cfg.seed, stream, step), mesh)
+
+    def pool(self, step: int, mesh: Mesh | None) -> Pool:
+        return self._pool(step, mesh, stream=0)
+
+    def warmup_pool(self, batch: int, mesh: Mesh | None) -> Pool:
+        return self._pool(batch, mesh, stream=1)
+
+    def base_policy(self, mesh: Mesh | None) -> Policy:
+        return load_policy(self.source.policy_dir, self.source.dtype, self.cfg.predictor_layers, mesh)
+
+    def save_policy(self, model: Policy, out_dir: Path) -> Path:
+        return save_hf(model, self.tokenizer, out_dir)
+
+    def load_policy(self, path: Path) -> Policy:
+        return load_hf(path, self.source.dtype)

@@ -34,7 +34,6 @@ from trace_jax.evaluate_qa import episodes
 from trace_jax.models.config import ModelConfig
 from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import SamplingConfig, past_actions
-from trace_jax.rollout.expand import Pool
 
 CALLS_FILE = "eval_calls.jsonl"  # one line per entry: {"step", "subset", "id", "calls", "reward", "failure"}
 SPLIT_FILE = "split.json"  # <out_dir>/split.json: {"seed", "train": [ids], "eval": [ids]} of the run's entries
@@ -59,7 +58,7 @@ def selected(m: BfclConfig, data_dir: str, split: str, by_id: dict[str, Entry]) 
             if r["subset"] in m.subsets and (not wanted or r["id"] in wanted)]
 
 
-class BfclTask:
+class BfclTask(hf_policy.HFTask):
     """One run on cfg's BFCL entries (`envs.family.Task`)."""
 
     host = True
@@ -94,6 +93,14 @@ class BfclTask:
                                                       "eval": [e.id for e in evaluate]}, indent=1) + "\n")
         print(f"bfcl: {len(self.train.ids)} training entries, {len(self.evals.ids)} evaluation entries")
 
+    @property
+    def source(self) -> BfclConfig:
+        return self.m
+
+    @property
+    def training(self) -> EntrySet:
+        return self.train
+
     def _encode(self, first: int, entries: list[Entry]) -> EntrySet:
         ids, prompts, kept = [], [], []
         for q, entry in enumerate(entries, first):
@@ -106,20 +113,6 @@ class BfclTask:
             kept.append(entry)
         return EntrySet(np.asarray(ids, np.int32), *hf_policy.pad_prompts(prompts, self.m.prompt_len, self.pad_id),
                         kept)
-
-    def _pool(self, step: int, mesh: Mesh | None, stream: int) -> Pool:
-        """pool_size training entries drawn from (seed, stream, step) alone (stream 1: the warm-up's)."""
-        t = self.train
-        return hf_policy.draw_pool(t.ids, t.tokens, t.lengths, self.cfg.pool_size, (self.cfg.seed, stream, step), mesh)
-
-    def pool(self, step: int, mesh: Mesh | None) -> Pool:
-        return self._pool(step, mesh, stream=0)
-
-    def warmup_pool(self, batch: int, mesh: Mesh | None) -> Pool:
-        return self._pool(batch, mesh, stream=1)
-
-    def base_policy(self, mesh: Mesh | None) -> Policy:
-        return hf_policy.load_policy(self.m.policy_dir, self.m.dtype, self.cfg.predictor_layers, mesh)
 
     def evaluate(self, model: Policy, step: int, mesh: Mesh | None) -> Evaluation:
         """eval/<subset>/accuracy and eval/overall/accuracy: bfcl's verdict on one sampled episode per entry."""
@@ -138,12 +131,6 @@ class BfclTask:
                 records.append(record(es.entries[row], episode, float(t.reward[slot])))
         metrics = accuracies(records)
         return Evaluation(metrics=metrics, records={CALLS_FILE: records}, texts={"eval.md": markdown(metrics, step)})
-
-    def save_policy(self, model: Policy, out_dir: Path) -> Path:
-        return hf_policy.save_hf(model, self.tokenizer, out_dir)
-
-    def load_policy(self, path: Path) -> Policy:
-        return hf_policy.load_hf(path, self.m.dtype)
 
 
 def replay(entry: Entry, texts: list[str], ref: Reference) -> Episode:

@@ -30,7 +30,6 @@ from trace_jax.evaluate_qa import episodes, final_turns, responses
 from trace_jax.models.config import ModelConfig
 from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import SamplingConfig
-from trace_jax.rollout.expand import Pool
 
 ANSWERS_FILE = "eval_answers.jsonl"  # one line per sampled answer: {"step", "set", "id", "sample", "response", ...}
 PLOT_KEYS = ("reward", "effective_ratio", "eval/average/accuracy", "eval/average/tool_calls", "predictor_loss",
@@ -60,7 +59,7 @@ def shared_tools(m: MathConfig) -> tuple[SandboxPool, Verifier]:
     return _TOOLS[key]
 
 
-class MathTask:
+class MathTask(hf_policy.HFTask):
     """One run on cfg's problems, sandbox and verifier (`envs.family.Task`)."""
 
     host = True
@@ -88,6 +87,14 @@ class MathTask:
         self.env = MathEnv(self.tokenizer, self.answers, m, self.sandbox, self.verifier)
         print(f"math: {len(self.train.ids)} training problems, evaluation sets {list(self.evals)}")
 
+    @property
+    def source(self) -> MathConfig:
+        return self.m
+
+    @property
+    def training(self) -> ProblemSet:
+        return self.train
+
     def _encode(self, rows: list[dict[str, str]]) -> ProblemSet:
         ids, prompts, kept = [], [], []
         for row in rows:
@@ -101,20 +108,6 @@ class MathTask:
             kept.append(row)
         return ProblemSet(np.asarray(ids, np.int32), *hf_policy.pad_prompts(prompts, self.m.prompt_len, self.pad_id),
                           kept)
-
-    def _pool(self, step: int, mesh: Mesh | None, stream: int) -> Pool:
-        """pool_size training problems drawn from (seed, stream, step) alone (stream 1: the warm-up's)."""
-        t = self.train
-        return hf_policy.draw_pool(t.ids, t.tokens, t.lengths, self.cfg.pool_size, (self.cfg.seed, stream, step), mesh)
-
-    def pool(self, step: int, mesh: Mesh | None) -> Pool:
-        return self._pool(step, mesh, stream=0)
-
-    def warmup_pool(self, batch: int, mesh: Mesh | None) -> Pool:
-        return self._pool(batch, mesh, stream=1)
-
-    def base_policy(self, mesh: Mesh | None) -> Policy:
-        return hf_policy.load_policy(self.m.policy_dir, self.m.dtype, self.cfg.predictor_layers, mesh)
 
     def evaluate(self, model: Policy, step: int, mesh: Mesh | None) -> Evaluation:
         """eval/<set>/{accuracy,tool_calls,no_answer} and their plain average over sets: avg@k accuracy over
@@ -144,12 +137,6 @@ class MathTask:
             metrics[f"eval/average/{m}"] = float(np.mean([metrics[f"eval/{n}/{m}"] for n in self.evals]))
         return Evaluation(metrics=metrics, records={ANSWERS_FILE: records},
                           texts={"eval.md": markdown(metrics, {n: len(p.ids) for n, p in self.evals.items()}, k, step)})
-
-    def save_policy(self, model: Policy, out_dir: Path) -> Path:
-        return hf_policy.save_hf(model, self.tokenizer, out_dir)
-
-    def load_policy(self, path: Path) -> Policy:
-        return hf_policy.load_hf(path, self.m.dtype)
 
 
 def score_responses(cfg: TrainConfig, path: Path) -> Evaluation:

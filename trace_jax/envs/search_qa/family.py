@@ -14,23 +14,21 @@ import dataclasses
 from pathlib import Path
 
 import jax
-import numpy as np
 from jax.sharding import Mesh
 
 from trace_jax import distributed
-from trace_jax import sharding as shd
 from trace_jax.config import TrainConfig
-from trace_jax.data.search_qa_prompts import Questions, load_questions
+from trace_jax.data.search_qa_prompts import Questions, QuestionSet, load_questions
 from trace_jax.data.search_qa_tfds import FORMATS
 from trace_jax.envs import hf_policy
 from trace_jax.envs.family import Evaluation, Family, TurnShape
+from trace_jax.envs.search_qa.config import SearchQAConfig
 from trace_jax.envs.search_qa.env import SearchQAEnv
 from trace_jax.evaluate_qa import averages, evaluate_set, markdown
 from trace_jax.models.config import ModelConfig
 from trace_jax.models.qwen3 import Policy
 from trace_jax.retrieval.client import RetrieverClient, RetrieverError
 from trace_jax.rollout.engine import SamplingConfig
-from trace_jax.rollout.expand import Pool
 
 ANSWERS_FILE = "eval_answers.jsonl"  # one line per evaluated question: {"step", "dataset", "question", "response", ...}
 PLOT_KEYS = ("reward", "effective_ratio", "eval/average/em", "eval/average/f1", "predictor_loss", "root_auc",
@@ -62,7 +60,7 @@ def evaluate(model: Policy, env: SearchQAEnv, questions: Questions, cfg: TrainCo
                       records={ANSWERS_FILE: answers}, texts={"eval.md": table})
 
 
-class SearchQATask:
+class SearchQATask(hf_policy.HFTask):
     """One run on cfg's search QA data and retriever (`envs.family.Task`)."""
 
     host = True
@@ -81,32 +79,19 @@ class SearchQATask:
         self.env = SearchQAEnv(self.tokenizer, self.questions.golds, RetrieverClient(sq.retriever).retrieve, sq)
         print(f"search_qa: {len(self.questions.train.ids)} training questions, retriever {sq.retriever.url}")
 
-    def _pool(self, step: int, mesh: Mesh | None, stream: int) -> Pool:
-        """pool_size training questions drawn from (seed, stream, step) alone, so a resumed run (and every process)
-        sees the same pools (stream 1: the predictor warm-up's); rows split over the mesh."""
-        train, cfg = self.questions.train, self.cfg
-        rows = np.random.default_rng([cfg.seed, stream, step]).choice(len(train.ids), cfg.pool_size,
-                                                                      replace=len(train.ids) < cfg.pool_size)
-        return shd.rows_on(Pool(tokens=train.tokens[rows], lengths=train.lengths[rows], question=train.ids[rows]),
-                           mesh)
+    @property
+    def source(self) -> SearchQAConfig:
+        return self.sq
 
-    def pool(self, step: int, mesh: Mesh | None) -> Pool:
-        return self._pool(step, mesh, stream=0)
-
-    def warmup_pool(self, batch: int, mesh: Mesh | None) -> Pool:
-        return self._pool(batch, mesh, stream=1)
+    @property
+    def training(self) -> QuestionSet:
+        return self.questions.train
 
     def base_policy(self, mesh: Mesh | None) -> Policy:
         return load_policy(self.cfg, mesh)
 
     def evaluate(self, model: Policy, step: int, mesh: Mesh | None) -> Evaluation:
         return evaluate(model, self.env, self.questions, self.cfg, step, mesh)
-
-    def save_policy(self, model: Policy, out_dir: Path) -> Path:
-        return hf_policy.save_hf(model, self.tokenizer, out_dir)
-
-    def load_policy(self, path: Path) -> Policy:
-        return hf_policy.load_hf(path, self.sq.dtype)
 
 
 def turn_shape(cfg: TrainConfig) -> TurnShape:
