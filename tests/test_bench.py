@@ -324,3 +324,31 @@ def test_form_rates_leave_the_question_out():
     # held out [0, 1, 1, 0]; scores [1/4, 1/2, 3/4, 5/8]: of the 4 (positive, negative) pairs only (1/2, 5/8) is
     # ordered wrongly
     assert r["auc_form_rate"] == 0.75
+
+
+def test_habit_misfires_are_what_the_habit_meets():
+    """An expert that always has the habit (blind_prob 1, no other mistakes) wins every question on whose chain no
+    search misfires and loses most of the others (a wrong document can still lead to the right answer); the labels
+    split a form exactly by its misfires."""
+    from trace_jax.bench.contrast import habit_misfires, misfire_forms, question_forms
+    from trace_jax.envs.hopworld.config import ENTITY_TYPES, HopWorldConfig
+    from trace_jax.envs.hopworld.expert import expert_episode
+    from trace_jax.envs.hopworld.world import build_world
+
+    cfg = HopWorldConfig(num_entities=128, num_questions=300)
+    world = build_world(cfg)
+    questions = np.arange(300)
+    person = ENTITY_TYPES.index("person")
+    misfires = habit_misfires(world, questions, person)
+    rng = np.random.default_rng(0)
+    won = np.array([expert_episode(world, cfg, int(q), rng, blind_type=person, blind_prob=1.0).reward > 0.5
+                    for q in questions])
+    clean = misfires.sum(1) == 0
+    assert won[clean].all() and clean.sum() > 30
+    assert (misfires[:, 0] == 1).sum() > 30 and (misfires[:, 1] > 0).sum() > 10
+    assert won[~clean].mean() < 0.3
+    keys = [(f, *m) for f, m in zip(question_forms(world, questions).tolist(), misfires.tolist())]
+    labels = misfire_forms(world, questions, person)
+    for i in range(0, 300, 7):
+        for j in range(300):
+            assert (labels[i] == labels[j]) == (keys[i] == keys[j])

@@ -39,6 +39,8 @@ def test_the_readme_commands_measure_the_world_and_write_the_protocol(tmp_path, 
     out = capsys.readouterr().out
     assert re.search(r"mixed groups of 2 \(GRPO's effective ratio at G=2\): \d+\.\d%", out), out
     assert "root AUC of a perfect predictor" in out and "warmed-up head" in out
+    assert re.search(r"searches the expert's habit misfires on \(facts of the world\) over the other questions alike "
+                     r"(\d\.\d{3}|nan)", out), out  # nan: the tiny base solves nothing
     built = yaml.safe_load((base / "config.yaml").read_text())  # the base was built with the world's habit
     assert (built["blind_spot"], built["blind_spot_prob"], built["world"]["num_entities"]) == ("person", 0.8, 64)
 

@@ -9,7 +9,9 @@ question. Printed:
   the prompt), from a beta-binomial fit of the questions' K episodes; and three predictors one can compute: the
   question's empirical success over the other K - 1 episodes (below that ceiling: a noisy estimate of the rate),
   its hop count's success rate, and its form's (start entity type and relation path: what the text shows without
-  the world's facts) success over the other questions of that form;
+  the world's facts) success over the other questions of that form; and, when the SFT expert had a blind-spot habit
+  (`sft.blind_spot`), the success over the other questions that share its form and the facts the habit meets on its
+  chain (`habit_misfires`): what a predictor knowing those facts of the world could reach;
 - ceilings for the prefix AUC (turn nodes: the state after each non-final turn): the success rate, over the other
   K - 1 episodes of every question, of the node's state in the world (hop count, turns taken, and how many entities
   of the question's chain the retrieved documents have reached in order). A predictor that reads the history can
@@ -35,7 +37,8 @@ import optax
 from flax import nnx
 
 from trace_jax.config import TrainConfig
-from trace_jax.envs.hopworld import protocol
+from trace_jax.envs.hopworld import protocol, reference
+from trace_jax.envs.hopworld.config import ENTITY_TYPES
 from trace_jax.envs.hopworld.world import World
 from trace_jax.evaluate import rollout_questions, success_by_hops
 from trace_jax.models.qwen3 import Policy, with_predictor_layers
@@ -83,6 +86,26 @@ def question_forms(world: World, questions: np.ndarray) -> np.ndarray:
     keys = [(int(world.entity_types[world.question_starts[q]]), *world.question_paths[q].tolist()) for q in questions]
     index = {k: i for i, k in enumerate(dict.fromkeys(keys))}
     return np.array([index[k] for k in keys])
+
+
+def habit_misfires(world: World, questions: np.ndarray, blind_type: int) -> np.ndarray:
+    """[Q, 2] int: the world's facts that the SFT expert's blind-spot habit (`sft.blind_spot`) meets on each question's
+    chain: whether a search by the first piece of the start entity's name returns another entity's document, and how
+    many of the later searched entities (all but the answer) such a search would miss the same way."""
+    def misses(entity: int) -> bool:
+        name = world.name_ids(entity)
+        return bool(world.entity_types[entity] == blind_type and len(name) > 1
+                    and reference.retrieve(world, name[:1]) != entity)
+
+    searched = [world.chain(q)[:-1] for q in questions.tolist()]
+    return np.array([(misses(c[0]), sum(misses(e) for e in c[1:])) for c in searched], np.int64).reshape(-1, 2)
+
+
+def misfire_forms(world: World, questions: np.ndarray, blind_type: int) -> np.ndarray:
+    """[Q] labels of a question's form (`question_forms`) joined with its `habit_misfires`: a predictor that knows
+    every fact the habit meets reads questions of one label alike."""
+    keys = np.concatenate([question_forms(world, questions)[:, None], habit_misfires(world, questions, blind_type)], 1)
+    return np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1)
 
 
 def true_rate_auc(reward: np.ndarray) -> tuple[float, float, float]:
@@ -254,8 +277,9 @@ def tower_report(base: Policy, tree: Tree, held: np.ndarray, batch: int, steps: 
 def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = True, probes: bool = False,
                     tower_steps: int = 800) -> dict[str, float]:
     """The figures above as a dict: success_hop{h}, mixed_at_group, auc_question_mean, auc_hop_rate, auc_form_rate,
-    prefix_auc_state, prefix_nodes, auc_head and prefix_auc_head (after the warm-up; absent when warmup is False), and
-    `probe_report`'s prefix_auc_probe_* and `tower_report`'s figures after tower_steps minibatches (probes: True)."""
+    auc_misfire_rate (with sft.blind_spot), prefix_auc_state, prefix_nodes, auc_head and prefix_auc_head (after the
+    warm-up; absent when warmup is False), and `probe_report`'s prefix_auc_probe_* and `tower_report`'s figures
+    after tower_steps minibatches (probes: True)."""
     from trace_jax.envs.hopworld.family import HopWorldTask, base_policy, split_question_ids
     from trace_jax.train.loop import rollout_sampling, warm_up
     from trace_jax.train.warmup import read_hidden
@@ -273,6 +297,10 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
                              sampling)
     reward = np.asarray(tree.reward).reshape(len(questions), samples) > 0.5
     out = contrast_figures(reward, np.asarray(env.world.hops)[questions], group, question_forms(env.world, questions))
+    if cfg.sft.blind_spot:  # what a predictor that knows the facts the habit meets could reach
+        labels = misfire_forms(env.world, questions, ENTITY_TYPES.index(cfg.sft.blind_spot))
+        out["auc_misfire_rate"] = float(auc(jnp.asarray(form_rates(reward[:, :-1], labels)), jnp.asarray(reward[:, -1]),
+                                            jnp.ones(len(questions), bool)))
     slot, turn, states = prefix_states(tree, env.world)
     held = slot % samples == samples - 1  # the held-out episode of each question (slots are question-major)
     won = np.asarray(tree.reward)[slot] > 0.5
@@ -321,6 +349,8 @@ def run_contrast_bench(cfg: TrainConfig, samples: int, group: int, probes: bool 
     print(f"root AUC for a held-out episode: question's success over {samples - 1} others "
           f"{r['auc_question_mean']:.3f}, hop count's success rate {r['auc_hop_rate']:.3f}, its form's (start type "
           f"and relations) over the other questions of that form {r['auc_form_rate']:.3f}"
+          + (f", its form and which of its chain's searches the expert's habit misfires on (facts of the world) over "
+             f"the other questions alike {r['auc_misfire_rate']:.3f}" if "auc_misfire_rate" in r else "")
           + (f", warmed-up head {r['auc_head']:.3f}" if "auc_head" in r else ""))
     print(f"prefix AUC over {r['prefix_nodes']} turn nodes of the held-out episodes: success rate of the node's state "
           f"(hops, turn, chain entities reached) {r['prefix_auc_state']:.3f}"
