@@ -320,7 +320,7 @@ def test_form_rates_leave_the_question_out():
     rates = form_rates(seen, np.array([0, 0, 0, 1]))
     np.testing.assert_allclose(rates, [1 / 4, 2 / 4, 3 / 4, 5 / 8])  # question 3: the overall rate
     reward = np.concatenate([seen, np.array([[0], [1], [1], [0]], bool)], 1)
-    r = contrast_figures(reward, np.ones(4, int), group=2, forms=np.array([0, 0, 0, 1]))
+    r = contrast_figures(reward, np.ones(4, int), group=2, labels={"form": np.array([0, 0, 0, 1])})
     # held out [0, 1, 1, 0]; scores [1/4, 1/2, 3/4, 5/8]: of the 4 (positive, negative) pairs only (1/2, 5/8) is
     # ordered wrongly
     assert r["auc_form_rate"] == 0.75

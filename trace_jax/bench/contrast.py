@@ -47,14 +47,14 @@ from trace_jax.rollout.tree import Tree
 from trace_jax.train.warmup import Episodes, episode_values, fit_own_layers, select
 
 
-def contrast_figures(reward: np.ndarray, hops: np.ndarray, group: int, forms: np.ndarray | None = None
+def contrast_figures(reward: np.ndarray, hops: np.ndarray, group: int, labels: dict[str, np.ndarray] | None = None
                      ) -> dict[str, float]:
     """From outcomes reward [Q, K] bool (K episodes of Q questions) and hops [Q]: success_hop{h}, mixed_at_group over
     the first `group` episodes, the root AUC of the last episode's outcome for the question's success over the first
     K - 1 and for its hop count's rate over them, and `true_rate_auc` over all K (auc_true_rate, rate_beta_a/b) with
-    its bootstrap standard error over questions (auc_true_rate_se). With forms [Q] (labels: questions of one form
-    read alike), auc_form_rate: for the success over the first K - 1 episodes of the *other* questions of its form
-    (the overall rate for a form of one question)."""
+    its bootstrap standard error over questions (auc_true_rate_se). For each labelling name -> [Q] in `labels`
+    (questions of one label read alike to some predictor), auc_{name}_rate: for the success over the first K - 1
+    episodes of the *other* questions of its label (`form_rates`; the overall rate for a label of one question)."""
     seen, held = reward[:, :-1], reward[:, -1]
     every = jnp.ones(len(reward), bool)
     by_hops = success_by_hops(seen.reshape(-1), np.repeat(hops, seen.shape[1]))
@@ -63,8 +63,8 @@ def contrast_figures(reward: np.ndarray, hops: np.ndarray, group: int, forms: np
     out["mixed_at_group"] = float((first.any(1) & ~first.all(1)).mean())
     out["auc_question_mean"] = float(auc(jnp.asarray(seen.mean(1)), jnp.asarray(held), every))
     out["auc_hop_rate"] = float(auc(jnp.asarray([by_hops[f"success_hop{h}"] for h in hops]), jnp.asarray(held), every))
-    if forms is not None:
-        out["auc_form_rate"] = float(auc(jnp.asarray(form_rates(seen, forms)), jnp.asarray(held), every))
+    for name, labelling in (labels or {}).items():
+        out[f"auc_{name}_rate"] = float(auc(jnp.asarray(form_rates(seen, labelling)), jnp.asarray(held), every))
     out["auc_true_rate"], out["rate_beta_a"], out["rate_beta_b"] = true_rate_auc(reward)
     rng = np.random.default_rng(0)  # its standard error: the fit again on questions drawn with replacement
     out["auc_true_rate_se"] = float(np.std([true_rate_auc(reward[rng.integers(0, len(reward), len(reward))])[0]
@@ -296,11 +296,10 @@ def contrast_report(cfg: TrainConfig, samples: int, group: int, warmup: bool = T
     tree = rollout_questions(model, env, np.repeat(questions, samples), cfg.eval_batch, jax.random.key(cfg.seed + 11),
                              sampling)
     reward = np.asarray(tree.reward).reshape(len(questions), samples) > 0.5
-    out = contrast_figures(reward, np.asarray(env.world.hops)[questions], group, question_forms(env.world, questions))
+    labels = {"form": question_forms(env.world, questions)}
     if cfg.sft.blind_spot:  # what a predictor that knows the facts the habit meets could reach
-        labels = misfire_forms(env.world, questions, ENTITY_TYPES.index(cfg.sft.blind_spot))
-        out["auc_misfire_rate"] = float(auc(jnp.asarray(form_rates(reward[:, :-1], labels)), jnp.asarray(reward[:, -1]),
-                                            jnp.ones(len(questions), bool)))
+        labels["misfire"] = misfire_forms(env.world, questions, ENTITY_TYPES.index(cfg.sft.blind_spot))
+    out = contrast_figures(reward, np.asarray(env.world.hops)[questions], group, labels)
     slot, turn, states = prefix_states(tree, env.world)
     held = slot % samples == samples - 1  # the held-out episode of each question (slots are question-major)
     won = np.asarray(tree.reward)[slot] > 0.5
