@@ -6,10 +6,11 @@ import os
 import shutil
 import tempfile
 
-from xla_flags import FAST_COMPILE
+from xla_flags import host_flags
 
-# 8 host devices for the sharding tests, compiled for speed of compiling (`xla_flags`).
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 " + FAST_COMPILE)
+# 8 host devices for the sharding tests, compiled for speed of compiling, with the caller's own XLA flags after them
+# (`xla_flags`: e.g. --xla_cpu_max_isa=AVX2).
+os.environ["XLA_FLAGS"] = host_flags(8)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # One XLA compilation cache per test session (fresh each time, shared by pytest-xdist's workers, which inherit
 # this environment): many tests compile the same programs (a training step per run, evaluation).

@@ -36,6 +36,7 @@ from trace_jax.sharding import init_policy
 from trace_jax.train.loop import Budget, record_step, step_spec
 from trace_jax.train.packing import auto_row_len, canonical_sources, pack, prompt_sizes
 from trace_jax.train.step import StepSpec, tree_grads
+from float32 import assert_float32_close
 
 POLICY = dataclasses.replace(TINY_POLICY, num_layers=2)
 M, N, TURNS, WIDTH = 4, 2, 3, 24  # random trees: S = 12 slots of L = 24
@@ -143,9 +144,7 @@ def assert_same_update(packed, unpacked, tol: float = 1e-5) -> None:
     for k, v in unpacked[1].items():
         assert_close(packed[1][k], v, tol, k)
     for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(packed[2]), jax.tree.leaves(unpacked[2])):
-        scale = max(float(jnp.abs(b).max()), 1.0)
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=tol * scale, rtol=0,
-                                   err_msg=jax.tree_util.keystr(path))
+        assert_float32_close(a, b, scale_tol=tol, err_msg=jax.tree_util.keystr(path))
 
 
 def brute_force_sources(tree: Tree) -> tuple[np.ndarray, np.ndarray]:
@@ -417,3 +416,8 @@ def test_a_step_that_ran_unpacked_is_reported(tmp_path, capsys):
     assert last["pack_overflow"] == 1.0
     out = capsys.readouterr().out  # tqdm.write: stdout
     assert "step 2: a prompt's tree did not fit the packing" in out and "its trees take 300 positions" in out
+    said: set[str] = set()  # a run's: said once, however many of its steps overflow
+    with MetricsLogger(tmp_path / "run") as log:
+        for step in (1, 2, 3):
+            assert record_step(log, step, dict(row, pack_overflow=np.bool_(True)), said)["pack_overflow"] == 1.0
+    assert capsys.readouterr().out.count("did not fit the packing") == 1
