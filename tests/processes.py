@@ -13,14 +13,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from xla_flags import FAST_COMPILE
+from xla_flags import host_flags
 
 # Without the session's compilation cache: only process 0 writes it, so with it warm process 0 runs programs from it
 # while process 1 compiles its own, and two processes of XLA:CPU's gloo collectives were seen to run different
 # collectives at one point and wait on each other for good (docs/measurements/fork_copy_ring.md). Process 0 waits
 # for process 1 at the first collective anyway, so the cache saved no time.
 FOUR_DEVICES = {**{k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"},
-                "XLA_FLAGS": "--xla_force_host_platform_device_count=4 " + FAST_COMPILE}
+                "XLA_FLAGS": host_flags(4)}
+
+
+ONE_DEVICE_CLI = str(Path(__file__).parent / "one_device_cli.py")  # `trace-jax` on one device's mesh, as the tests run
 
 
 def _free_port() -> int:

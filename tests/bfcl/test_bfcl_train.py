@@ -8,7 +8,7 @@ import sys
 import jax
 import numpy as np
 from bfcl_replay import bfcl_valid
-from processes import assert_rows_close, float32_tolerance, kill_once_saved, logged_rows
+from processes import ONE_DEVICE_CLI, assert_rows_close, float32_tolerance, kill_once_saved, logged_rows
 
 from trace_jax.allocation import Allocator, Plan
 from trace_jax.cli import main
@@ -50,7 +50,7 @@ def test_trace_steps_resume_exactly_after_a_kill_and_evaluate(bfcl_kit, tmp_path
     assert all(r["continuations"] > 0 and r["tool_calls"] > 0 for r in rows[1:])
     assert {"eval/base/accuracy", "eval/overall/accuracy"} <= set(rows[0])
 
-    cmd = [sys.executable, "-m", "trace_jax.cli", "train", *args(bfcl_kit, tmp_path, *steps, f"out_dir={killed}")]
+    cmd = [sys.executable, ONE_DEVICE_CLI, "train", *args(bfcl_kit, tmp_path, *steps, f"out_dir={killed}")]
     kill_once_saved(cmd, killed / "checkpoints" / "1" / "meta")
     assert not (killed / "checkpoints" / "2").exists(), "the run finished before it could be killed"
     assert main(["train", *args(bfcl_kit, tmp_path, *steps, f"out_dir={killed}"), "--resume"]) == 0
