@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import jax
@@ -18,6 +19,26 @@ def checkpoint_path(directory: str | os.PathLike) -> epath.Path:
     """`directory` as orbax's path type: a URL (gs://bucket/x) kept as it is, a local path made absolute."""
     text = os.fspath(directory)
     return epath.Path(text if "://" in text else os.path.abspath(text))
+
+
+STEP_FILE = "trace_jax_step.json"  # in an HF policy directory a run wrote: {"step": the training step it holds}
+
+
+def write_step(directory: str | os.PathLike, step: int) -> None:
+    """Records in an HF policy directory the training step whose parameters it holds (`policy_step` reads it)."""
+    (epath.Path(directory) / STEP_FILE).write_text(json.dumps({"step": step}) + "\n")
+
+
+def policy_step(directory: str | os.PathLike) -> int | None:
+    """The training step a saved policy holds: an HF directory's `STEP_FILE`, an orbax policy's latest step; None
+    for a checkpoint from elsewhere (an HF directory no run wrote)."""
+    path = epath.Path(directory)
+    if (path / STEP_FILE).is_file():
+        return int(json.loads((path / STEP_FILE).read_text())["step"])
+    if (path / "config.json").is_file() or not path.is_dir():
+        return None
+    with _manager(directory) as mngr:
+        return mngr.latest_step()
 
 
 def _manager(directory: str | os.PathLike) -> ocp.CheckpointManager:

@@ -160,9 +160,17 @@ def _eval(args: argparse.Namespace) -> int:
         ev = family.score_responses(cfg, responses)
         out = Path(args.out or responses.parent / "eval")
     else:
+        from trace_jax.checkpoints import policy_step
+
         task = family.setup(cfg)
         checkpoint = Path(args.checkpoint)
-        ev = task.evaluate(task.load_policy(checkpoint), 0, None)
+        held = policy_step(checkpoint)
+        step = args.step if args.step is not None else held or 0
+        held_text = f"training step {held}" if held is not None else "no training step (a checkpoint from elsewhere)"
+        same = ", as training evaluated that step" if step == held else ""
+        print(f"eval: the policy of {held_text} in {checkpoint}; episodes drawn with step {step}'s evaluation key "
+              f"(seed {cfg.seed}{same}; --step draws others)")
+        ev = task.evaluate(task.load_policy(checkpoint), step, None)
         out = Path(args.out or checkpoint.parent / "eval")
     out.mkdir(parents=True, exist_ok=True)
     (out / "eval.json").write_text(json.dumps(ev.metrics, indent=1))
@@ -194,20 +202,27 @@ def _data_bfcl_tiny(args: argparse.Namespace) -> int:
 
 
 def _data_search_qa_tiny(args: argparse.Namespace) -> int:
+    import time
+
     from trace_jax.data.search_qa_tiny import write_tiny_search_qa
 
+    start = time.perf_counter()
     out = write_tiny_search_qa(args.out, sft_steps=args.sft_steps)
-    print(f"tiny search QA kit in {out}: corpus.jsonl, qa/ (nq, hotpotqa), policy/ (random Qwen3 + tokenizer).\n"
+    print(f"tiny search QA kit in {out} ({time.perf_counter() - start:.0f} s): corpus.jsonl, qa/ (nq, hotpotqa), policy/ (a tiny Qwen3 "
+          f"fine-tuned for {args.sft_steps} steps on the kit's scripted episodes, and its tokenizer).\n"
           f"serve it: trace-jax retrieve serve --corpus {out / 'corpus.jsonl'} --port 8000\n"
           "train on it: trace-jax train --config configs/searchqa_tiny.yaml")
     return 0
 
 
 def _data_math_tiny(args: argparse.Namespace) -> int:
+    import time
+
     from trace_jax.envs.math.kit import write_tiny_math
 
+    start = time.perf_counter()
     out = write_tiny_math(args.out, sft_steps=args.sft_steps)
-    print(f"tiny math kit in {out}: problems/ (train.jsonl, eval/kit.jsonl), policy/ (tiny Qwen3 + tokenizer).\n"
+    print(f"tiny math kit in {out} ({time.perf_counter() - start:.0f} s): problems/ (train.jsonl, eval/kit.jsonl), policy/ (tiny Qwen3 + tokenizer).\n"
           "train on it: trace-jax train --config configs/math_tiny.yaml")
     return 0
 
@@ -361,6 +376,8 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from trace_jax.envs.registry import FAMILIES
+
     parser = argparse.ArgumentParser(
         prog="trace-jax",
         description="TRACE: tree-structured rollout budget allocation for multi-turn agentic RL, in JAX.")
@@ -381,7 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = sub.add_parser("train", help="RL with TRACE (or a baseline allocator) on a task family (env=...)",
                            description="Train the policy with one allocator on the task family that env names "
-                                       "(hopworld, search_qa, or module:attribute of your own). With no arguments: "
+                                       f"({', '.join(FAMILIES)}, or module:attribute of your own). With no "
+                                       "arguments: "
                                        "the project's main job, a CPU-sized TRACE run on HopWorld that first builds "
                                        "the dataset and the SFT base policy if they are missing.")
     _add_config_args(train)
@@ -579,6 +597,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="bfcl: score call sequences produced elsewhere instead of sampling a policy (JSONL, one "
                          '{"id": entry id, "calls": [[[call strings of step 1], [step 2], ...] per user turn]} per '
                          "line, bfcl's decoded multi-turn result)")
+    ev.add_argument("--step", type=int, default=None,
+                    help="draw the episodes with this step's evaluation key (default: the step the policy was saved "
+                         "at, so that a run's final policy scores what training's final evaluation logged)")
     ev.add_argument("--out", default=None, help="output folder (default: <checkpoint or responses>/../eval)")
     ev.set_defaults(func=_eval)
 
@@ -632,7 +653,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_notices() -> None:
+    """Leaves out what every command would print and none needs: transformers' "PyTorch was not found" (the package
+    uses its tokenizers and configs alone) and absl's warnings (TFDS's "Variant folder ... has no
+    dataset_info.json" before a dataset is built, orbax's notices); errors still print."""
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.ERROR)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    quiet_notices()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -7,7 +7,7 @@ import sys
 
 import jax
 import numpy as np
-from processes import assert_rows_close, float32_tolerance, kill_once_saved, logged_rows
+from processes import ONE_DEVICE_CLI, assert_rows_close, float32_tolerance, kill_once_saved, logged_rows
 
 from trace_jax.allocation import Allocator, Plan
 from trace_jax.cli import main
@@ -59,7 +59,7 @@ def test_trace_steps_resume_exactly_after_a_kill_and_evaluate(math_kit, tmp_path
     assert all(r["continuations"] > 0 and r["tool_calls"] > 0 for r in rows[1:])
     assert {"eval/kit/accuracy", "eval/kit/tool_calls", "eval/kit/no_answer", "eval/average/accuracy"} <= set(rows[0])
 
-    cmd = [sys.executable, "-m", "trace_jax.cli", "train", *args(math_kit, tmp_path, *steps, f"out_dir={killed}")]
+    cmd = [sys.executable, ONE_DEVICE_CLI, "train", *args(math_kit, tmp_path, *steps, f"out_dir={killed}")]
     kill_once_saved(cmd, killed / "checkpoints" / "1" / "meta")
     assert not (killed / "checkpoints" / "3").exists(), "the run finished before it could be killed"
     assert main(["train", *args(math_kit, tmp_path, *steps, f"out_dir={killed}"), "--resume"]) == 0
@@ -79,7 +79,15 @@ def test_trace_steps_resume_exactly_after_a_kill_and_evaluate(math_kit, tmp_path
     answers = [json.loads(line) for line in (full / "eval" / "eval_answers.jsonl").read_text().splitlines()]
     assert len(answers) == 8 and all(a["set"] == "kit" and a["response"] for a in answers)
     assert np.mean([a["reward"] for a in answers]) == scores["eval/kit/accuracy"]
-    assert "| kit | 8 |" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "| kit | 8 |" in said and "the policy of training step 3" in said
+    # the run's final policy, drawn with that step's evaluation key: what training's final evaluation answered
+    assert answers == [{k: v for k, v in r.items() if k != "step"}
+                       for r in logged_rows(full / "eval_answers.jsonl") if r["step"] == 3]
+    assert scores["eval/kit/accuracy"] == rows[-1]["eval/kit/accuracy"]
+    assert main(["eval", *args(math_kit, tmp_path), "--checkpoint", str(full / "hf"), "--step", "0",
+                 "--out", str(tmp_path / "eval0")]) == 0  # another step's key draws other episodes
+    assert "drawn with step 0's evaluation key" in capsys.readouterr().out
 
     # the same answers graded from a file, as another model's would be
     responses = tmp_path / "responses.jsonl"

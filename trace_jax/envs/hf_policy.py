@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from trace_jax import distributed
 from trace_jax import sharding as shd
-from trace_jax.checkpoints import load_model
+from trace_jax.checkpoints import load_model, write_step
 from trace_jax.config import TrainConfig
 from trace_jax.memory.plan import PRESETS
 from trace_jax.models.config import ModelConfig
@@ -83,13 +83,15 @@ def draw_pool(ids: np.ndarray, tokens: np.ndarray, lengths: np.ndarray, size: in
     return shd.rows_on(Pool(tokens=tokens[rows], lengths=lengths[rows], question=ids[rows]), mesh)
 
 
-def save_hf(model: Policy, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path) -> Path:
+def save_hf(model: Policy, tokenizer: PreTrainedTokenizerBase, out_dir: str | Path, step: int) -> Path:
     """<out_dir>/hf, an HF checkpoint with its tokenizer (it loads in transformers' Qwen3ForCausalLM, and back here
-    with from_pretrained); every process gathers, process 0 writes."""
+    with from_pretrained) and the training step it holds (`checkpoints.policy_step`); every process gathers, process 0
+    writes."""
     hf_dir = Path(out_dir) / "hf"
     save_pretrained(model, hf_dir)
     if distributed.is_main():
         tokenizer.save_pretrained(hf_dir)
+        write_step(hf_dir, step)
     return hf_dir
 
 
@@ -132,7 +134,7 @@ class HFTask:
         return load_policy(self.source.policy_dir, self.source.dtype, self.cfg.predictor_layers, mesh)
 
     def save_policy(self, model: Policy, out_dir: Path) -> Path:
-        return save_hf(model, self.tokenizer, out_dir)
+        return save_hf(model, self.tokenizer, out_dir, self.cfg.steps)
 
     def load_policy(self, path: Path) -> Policy:
         return load_hf(path, self.source.dtype)
