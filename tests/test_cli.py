@@ -74,3 +74,36 @@ def test_bench_flags_reject_bad_numbers_by_name(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "sampler", "--repeats", "0"])
     assert "argument --repeats: invalid positive integer value: '0'" in capsys.readouterr().err
+
+
+def test_a_mesh_the_devices_cannot_fill_fails_before_any_work_or_folder(tmp_path, capsys):
+    """`mesh.data=4` on one device: the error names the devices, and neither the dataset nor the run's folder (with
+    a config.yaml that would look like a run's) was made."""
+    data, out = tmp_path / "tfds", tmp_path / "run"
+    assert main(["train", "mesh.data=4", f"data_dir={data}", f"out_dir={out}",
+                 f"init_checkpoint={tmp_path / 'sft'}"]) == 2
+    assert "mesh data*fsdp*tensor = 4 but 1 devices are available" in capsys.readouterr().err
+    assert not data.exists() and not out.exists() and not (tmp_path / "sft").exists()
+
+
+QUIET = """
+import sys
+from trace_jax.cli import main
+code = main(["data", "build", "--data-dir", sys.argv[1], "world.num_entities=32", "world.num_questions=40"])
+from transformers.utils import logging
+logging.get_logger("transformers").warning_advice("PyTorch was not found.")  # transformers' own advisory path
+sys.exit(code)
+"""
+
+
+def test_a_command_says_what_it_does_without_tfds_absl_or_transformers_notices(tmp_path):
+    """Building a dataset prints our line, not TFDS's "Downloading and preparing dataset" (nothing is downloaded)
+    nor absl's warnings before it; transformers' advisory notices (its "PyTorch was not found" where torch is not
+    installed) are off."""
+    done = subprocess.run([sys.executable, "-c", QUIET, str(tmp_path / "tfds")], capture_output=True, text=True,
+                          timeout=300)
+    said = done.stdout + done.stderr
+    assert done.returncode == 0, said
+    assert "building the HopWorld dataset" in done.stdout
+    for notice in ("Downloading and preparing", "downloaded and prepared", "WARNING:absl", "PyTorch was not found"):
+        assert notice not in said, notice

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
+from trace_jax.data.prepare import prepare
 from trace_jax.envs.hopworld.config import HopWorldConfig
 from trace_jax.envs.hopworld.world import World, build_world
 
@@ -111,9 +112,7 @@ def _builder(data_dir: str | Path, cfg: HopWorldConfig) -> HopWorld:
 
 def build_dataset(data_dir: str | Path, cfg: HopWorldConfig) -> Path:
     """Generate the dataset of `cfg`'s world under `data_dir`; returns the version directory."""
-    builder = _builder(data_dir, cfg)
-    builder.download_and_prepare()
-    return Path(builder.data_dir)
+    return prepare(_builder(data_dir, cfg), f"the HopWorld dataset (world seed {cfg.seed})")
 
 
 def hopworld_source(data_dir: str | Path, cfg: HopWorldConfig, split: str):

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import tensorflow_datasets as tfds
 
+from trace_jax.data.prepare import prepare
 from trace_jax.envs.search_qa.config import DATASETS
 
 NAME = "search_qa"
@@ -109,8 +110,8 @@ def build_qa(data_dir: str | Path, manual_dir: str | Path, dataset: str) -> Path
     _check(dataset)
     _files(Path(manual_dir), dataset)  # the clear error before TFDS's own
     builder = SearchQa(data_dir=str(data_dir), config=dataset, file_format="array_record")
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(manual_dir)))
-    return Path(builder.data_dir)
+    return prepare(builder, f"the {dataset} questions of {manual_dir}",
+                   tfds.download.DownloadConfig(manual_dir=str(manual_dir)))
 
 
 def read_qa(data_dir: str | Path, dataset: str, split: str) -> list[dict[str, Any]]:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
+from trace_jax.data.prepare import prepare
 from trace_jax.envs.bfcl.data import SUBSETS, load_entries, split
 
 SPLITS = ("train", "eval")
@@ -49,7 +50,7 @@ def _builder(data_dir: str | Path, seed: int) -> BfclEntries:
 
 def build_entries(data_dir: str | Path, seed: int) -> None:
     """Builds (once per bfcl-eval version and seed) the train and eval splits under data_dir."""
-    _builder(data_dir, seed).download_and_prepare()
+    prepare(_builder(data_dir, seed), f"the BFCL entries' train and eval splits (seed {seed})")
 
 
 def read_entries(data_dir: str | Path, seed: int, split_name: str) -> list[dict[str, str]]:

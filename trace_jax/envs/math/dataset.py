@@ -21,6 +21,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import tensorflow_datasets as tfds
 
+from trace_jax.data.prepare import prepare
+
 FORMATS = ("jsonl", "json", "parquet")
 _SPLIT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -121,7 +123,7 @@ def _builder(data_dir: str | Path, manual_dir: str | Path) -> MathProblems:
 def build_problems(data_dir: str | Path, manual_dir: str | Path) -> list[str]:
     """Builds (once per content) the splits of manual_dir's files under data_dir; their names, train first."""
     builder = _builder(data_dir, manual_dir)
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(manual_dir=str(manual_dir)))
+    prepare(builder, f"the math problems of {manual_dir}", tfds.download.DownloadConfig(manual_dir=str(manual_dir)))
     return ["train", *sorted(s for s in builder.info.splits if s != "train")]
 
 
