@@ -230,9 +230,11 @@ def checkpoint_meta(cfg: TrainConfig, step: int, budget: Budget) -> dict:
     return {"step": step, **budget._asdict(), "loader": {"seed": cfg.seed, "step": step}, "config": to_dict(cfg)}
 
 
-def record_step(log: MetricsLogger, step: int, metrics: dict[str, jax.Array]) -> dict[str, float]:
+def record_step(log: MetricsLogger, step: int, metrics: dict[str, jax.Array],
+                said: set[str] | None = None) -> dict[str, float]:
     """A step's metrics as floats; its ARRAY_METRICS go to allocation.jsonl and the pool V~ histogram. Warns
-    when the update was skipped, or ran unpacked because the tree did not fit the packing."""
+    when the update was skipped, or ran unpacked because the tree did not fit the packing; `said` (a run's, kept
+    across its steps) holds the warnings given already, so that the packing's is given once a run."""
     metrics = shd.to_host(metrics)
     spent = {k: metrics.pop(k).tolist() for k in ARRAY_METRICS}
     log.append(ALLOCATION_FILE, {"step": step, **spent})
@@ -240,11 +242,13 @@ def record_step(log: MetricsLogger, step: int, metrics: dict[str, jax.Array]) ->
     last = {k: float(v) for k, v in metrics.items()}
     if last["skipped"]:
         tqdm.write(f"train: step {step}: non-finite loss or gradient ({last['loss']}); update skipped")
-    if last.get("pack_overflow"):
+    if last.get("pack_overflow") and "pack_overflow" not in (said if said is not None else ()):
+        if said is not None:
+            said.add("pack_overflow")
         tqdm.write(f"train: step {step}: a prompt's tree did not fit the packing (pack_rows x pack_len); this update "
                    f"ran unpacked (same values, no saving): its trees take {last['pack_needed']:.0f} positions in "
                    "blocks of pack_block; raise pack_len (0: half the unpacked positions; each row holds whole prompt "
-                   "trees) or pack_rows")
+                   "trees) or pack_rows. Said once a run: metrics.jsonl's pack_overflow marks every such step")
     return last
 
 
@@ -295,16 +299,16 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
     checked = resume_point(cfg, resume, allow_config_change)  # before any work or write
     resume = checked is not None
     main = distributed.is_main()  # the process that writes the run's files (every process checkpoints)
-    if main:
+    mesh = shd.make_mesh(cfg.mesh)  # fails naming the devices when the mesh cannot be filled, before any work
+    check_fits(cfg, mesh)  # fails naming the bytes and the chunk_slots to set when the step cannot fit the devices
+    task: Task = family.setup(cfg)
+    env = task.env
+    model = with_predictor_layers(load_model(start), cfg.predictor_layers) if start else task.base_policy(mesh)
+    if main:  # the run's folder once its data, environment and policy are there: a run that fails sooner leaves none
         run.pull(resume)  # a remote out_dir's logs, which a resumed run continues
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         run.push()
-    task: Task = family.setup(cfg)
-    env = task.env
-    mesh = shd.make_mesh(cfg.mesh)
-    check_fits(cfg, mesh)  # fails naming the bytes and the chunk_slots to set when the step cannot fit the devices
-    model = with_predictor_layers(load_model(start), cfg.predictor_layers) if start else task.base_policy(mesh)
     warmup = {} if resume else warm_up(cfg, model, env, lambda i: task.warmup_pool(i, mesh), task.pad_id,
                                        host=task.host)  # a resumed state already holds the warmed-up head
     graphdef, params = placed(model, mesh)
@@ -315,6 +319,7 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
     step_fn = make_step(graphdef, tx, spec, cfg.chunk_slots, task.host)
     key = jax.random.key(cfg.seed)
     last: dict[str, float] = {}
+    said: set[str] = set()  # the warnings this run gave already (`record_step`)
     roots, continuations = budget.roots, budget.continuations
     print(f"train: {family.name}, {cfg.allocator}, pool B={cfg.pool_size}, roots M={roots}, continuations "
           f"N={continuations}, group G={budget.group_size} ({roots * (1 + continuations)} slots), {cfg.steps} steps, "
@@ -339,7 +344,7 @@ def train(cfg: TrainConfig, resume: bool = False, allow_config_change: bool = Fa
         for step in bar:
             t0 = time.perf_counter()
             state, metrics = step_fn(state, env, task.pool(step, mesh), jax.random.fold_in(key, step))
-            last = record_step(log, step, metrics)
+            last = record_step(log, step, metrics, said)
             last["step_seconds"] = time.perf_counter() - t0
             if step % cfg.eval_every == 0 or step == cfg.steps:
                 log_eval(step, last)
