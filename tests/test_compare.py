@@ -59,7 +59,9 @@ def test_success_is_read_at_equal_cumulative_tokens(tmp_path):
     # between evaluations: linear in tokens
     rows = [json.loads(line) for line in (tmp_path / "runs/a/seed0/metrics.jsonl").read_text().splitlines()]
     assert run_stats(rows, 300)["success_at_tokens"] == pytest.approx(0.8)
-    assert "| b | 60.0% ± 0.0% |" in markdown_table(s)
+    one_seed = markdown_table(s)  # one run per method: no spread, no interval, and nothing reads as NaN
+    assert "| b | 60.0% |" in one_seed and "One run per method" in one_seed
+    assert "| a - b | +10.0% | +10.0% | none: one seed" in one_seed and "nan" not in one_seed
     # over seeds: mean and sample std per method; T* is the fewest tokens of any run of any seed
     _log(tmp_path / "runs/a/seed1", {0: 0.5, 4: 0.5}, [100] * 4)
     _log(tmp_path / "runs/b/seed1", {0: 0.5, 3: 0.9}, [50] * 3)  # 150 tokens in all

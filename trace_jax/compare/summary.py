@@ -132,7 +132,7 @@ def markdown_table(summary: dict) -> str:
     """The summary as a Markdown table, mean ± sample std over seeds."""
     n = len(summary["seeds"])
     head = ["method", *(h for h, _ in COLUMNS.values())]
-    lines = [f"Mean ± sample std over {n} seed{'s' * (n > 1)} ({', '.join(map(str, summary['seeds']))}); "
+    lines = [f"{'Mean ± sample std over' if n > 1 else 'One run per method:'} {n} seed{'s' * (n > 1)} ({', '.join(map(str, summary['seeds']))}); "
              f"T* = {summary['tokens_at']:.0f} cumulative generated policy tokens, the fewest any run reached.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m, s in summary["methods"].items():
@@ -141,7 +141,8 @@ def markdown_table(summary: dict) -> str:
             mean, std = s["mean"][key], s["std"][key]
             spread = fmt.replace("+", "").format(std).rstrip("%")  # a std has no sign
             unit = "%" if fmt.endswith("%}") else ""
-            cells.append("n/a" if mean is None else f"{fmt.format(mean)} ± {spread}{unit}")
+            spread = f" ± {spread}{unit}" if n > 1 else ""  # one seed has no spread to show
+            cells.append("n/a" if mean is None else f"{fmt.format(mean)}{spread}")
         lines.append("| " + " | ".join(cells) + " |")
     corr = {k: v for k, v in summary.get("contrast_gain_correlation", {}).items() if v is not None}
     if corr:
@@ -156,5 +157,7 @@ def markdown_table(summary: dict) -> str:
                   "| method | per seed | mean | interval |", "|---|---|---|---|"]
         for m, d in paired["methods"].items():
             per_seed = ", ".join(f"{v:+.1%}" for v in d["diffs"].values())
-            lines.append(f"| {ref} - {m} | {per_seed} | {d['mean']:+.1%} | [{d['low']:+.1%}, {d['high']:+.1%}] |")
+            interval = (f"[{d['low']:+.1%}, {d['high']:+.1%}]" if len(d["diffs"]) > 1
+                        else "none: one seed (run several for an interval)")
+            lines.append(f"| {ref} - {m} | {per_seed} | {d['mean']:+.1%} | {interval} |")
     return "\n".join(lines) + "\n"
