@@ -46,3 +46,15 @@ def test_bfcl_imports_nothing_else():
 def test_project_modules_import():
     for name in ("data", "calls", "apis", "chat", "episode", "env"):
         importlib.import_module(f"trace_jax.envs.bfcl.{name}")
+
+
+def test_a_missing_bfcl_eval_names_its_install_command(monkeypatch):
+    """Without bfcl-eval, `env=bfcl` fails naming the command that installs it (pip's plain install of the project
+    does not bring it)."""
+    from trace_jax.envs.registry import get_family
+
+    for name in [n for n in sys.modules if n.startswith(("bfcl_eval", "trace_jax.envs.bfcl"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "bfcl_eval", None)  # import bfcl_eval now raises ModuleNotFoundError
+    with pytest.raises(ValueError, match=r"install it with: pip install --no-deps -r launch/no_deps\.txt"):
+        get_family("bfcl")

@@ -22,6 +22,9 @@ FAMILIES = {
     "bfcl": "trace_jax.envs.bfcl.family:FAMILY",  # BFCL v4 multi-turn function calling on stateful APIs
 }
 _registered: dict[str, Family] = {}
+# what installs a package a family imports that `pip install trace-jax` does not bring
+INSTALL = {"bfcl_eval": "pip install --no-deps -r launch/no_deps.txt (bfcl-eval, installed without its pinned "
+                        "dependencies, which conflict with JAX's; `bash launch/local.sh` does this)"}
 
 
 def register(family: Family) -> Family:
@@ -45,6 +48,10 @@ def get_family(name: str) -> Family:
                          "naming a trace_jax.envs.family.Family (docs/adding_a_task.md)")
     try:
         family = getattr(importlib.import_module(module), attribute)
+    except ModuleNotFoundError as e:
+        missing = (e.name or "").split(".")[0]
+        fix = f"; install it with: {INSTALL[missing]}" if missing in INSTALL else ""
+        raise ValueError(f"env={name!r}: cannot load the task family {path!r} ({e}){fix}") from e
     except (ImportError, AttributeError) as e:
         raise ValueError(f"env={name!r}: cannot load the task family {path!r} ({e})") from e
     if not isinstance(family, Family):
