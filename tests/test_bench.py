@@ -352,3 +352,25 @@ def test_habit_misfires_are_what_the_habit_meets():
     for i in range(0, 300, 7):
         for j in range(300):
             assert (labels[i] == labels[j]) == (keys[i] == keys[j])
+
+
+def test_retriever_bench_runs(capsys):
+    """`trace-jax bench retriever` (docs/search_qa.md) at a tiny corpus: its three rows, in process and over HTTP."""
+    from trace_jax.cli import main
+
+    assert main(["bench", "retriever", "--passages", "500", "--seconds", "0.2", "--clients", "2"]) == 0
+    printed = capsys.readouterr().out
+    for row in (r"in process \(no HTTP\): +\d+ queries/s", r"HTTP, 1 client: +\d+ queries/s",
+                r"HTTP, 2 concurrent clients: +\d+ queries/s \([\d.]+x one client\)"):
+        assert re.search(row, printed), row
+
+
+def test_host_bench_runs(tmp_path, capsys):
+    """`trace-jax bench host` (docs/search_qa.md) on a random policy: both expansions timed, the overhead derived."""
+    from trace_jax.cli import main
+
+    assert main(["bench", "host", "--checkpoint", str(tmp_path / "none"), "--pool-size", "4", "--roots", "4",
+                 "--repeats", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert re.search(r"jitted expansion \(JAX env inside\): +[\d.]+ ms", printed)
+    assert re.search(r"host-path overhead \(tool excluded\): +-?[\d.]+ ms = -?[\d.]+ ms per turn", printed)
