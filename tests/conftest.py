@@ -50,12 +50,11 @@ def tiny_qwen3(request, tmp_path):
 
 
 def _write_kit(path):
-    """The kit, its fine-tuning step compiled for running (`toy.run_fast`): 60 steps are most of its time."""
-    from toy import run_fast
+    """The kit, its fine-tuning step compiled for running (`toy.fast_fitting`): 60 steps are most of its time."""
+    from toy import fast_fitting
     from trace_jax.data import search_qa_tiny
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(search_qa_tiny, "sft_step", run_fast(search_qa_tiny.sft_step))
+    with fast_fitting():
         search_qa_tiny.write_tiny_search_qa(path, sft_steps=60)
 
 

@@ -8,10 +8,23 @@ whose entries are ~2.5e-4), nor does an atol fixed for O(1) values held against 
 import numpy as np
 
 
-def assert_float32_close(actual, desired, *, scale_tol: float = 1e-5, rtol: float = 0.0, err_msg: str = "") -> None:
-    """|actual - desired| <= rtol |desired| + scale_tol x max(max |desired|, tiny) elementwise. scale_tol 1e-5 is
-    ~170 float32 ulps of the largest entry: a remat, shard or chunk that drops or doubles a term is off by far more."""
+def assert_float32_close(actual, desired, *, scale_tol: float = 1e-5, scale: float | None = None, rtol: float = 0.0,
+                         err_msg: str = "") -> None:
+    """|actual - desired| <= rtol |desired| + scale_tol x scale elementwise, scale defaulting to max |desired|.
+    scale_tol 1e-5 is ~170 float32 ulps of the scale: a remat, shard or chunk that drops or doubles a term is off by
+    far more. Give `scale` where the terms summed are larger than the result: a gradient's tensors with
+    `tree_scale(grads)` (a bias's gradient of 9e-4 is a sum of per-token terms as large as the others'), an O(1)
+    quantity that came out near 0 (a KL of 4e-9) with 1.0."""
     desired = np.asarray(desired, np.float64)
-    scale = max(float(np.abs(desired).max(initial=0.0)), np.finfo(np.float32).tiny)
+    if scale is None:
+        scale = float(np.abs(desired).max(initial=0.0))
+    scale = max(scale, np.finfo(np.float32).tiny)
     np.testing.assert_allclose(np.asarray(actual, np.float64), desired, rtol=rtol, atol=scale_tol * scale,
                                err_msg=err_msg)
+
+
+def tree_scale(tree) -> float:
+    """The largest magnitude over a pytree's arrays (e.g. all of a gradient's tensors)."""
+    import jax
+
+    return max(float(np.abs(np.asarray(leaf)).max(initial=0.0)) for leaf in jax.tree.leaves(tree))

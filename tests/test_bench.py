@@ -366,10 +366,13 @@ def test_retriever_bench_runs(capsys):
 
 
 def test_host_bench_runs(tmp_path, capsys):
-    """`trace-jax bench host` (docs/search_qa.md) on a random policy: both expansions timed, the overhead derived."""
+    """`trace-jax bench host` (docs/search_qa.md) on a tiny random policy: both expansions timed, the overhead
+    derived."""
+    from trace_jax.checkpoints import save_model
     from trace_jax.cli import main
 
-    assert main(["bench", "host", "--checkpoint", str(tmp_path / "none"), "--pool-size", "4", "--roots", "4",
+    save_model(tmp_path / "policy", 0, init_policy(TINY_POLICY, seed=0))
+    assert main(["bench", "host", "--checkpoint", str(tmp_path / "policy"), "--pool-size", "4", "--roots", "4",
                  "--repeats", "1"]) == 0
     printed = capsys.readouterr().out
     assert re.search(r"jitted expansion \(JAX env inside\): +[\d.]+ ms", printed)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
@@ -78,6 +80,19 @@ def run_fast(step):
         return out
 
     return call
+
+
+@contextlib.contextmanager
+def fast_fitting() -> Iterator[None]:
+    """The tiny kits' fine-tuning (`search_qa_tiny.fit_episodes`: the search QA, math and BFCL kits) compiled for
+    running (`run_fast`): their hundreds of steps are most of a kit's time."""
+    import pytest
+
+    from trace_jax.data import search_qa_tiny
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(search_qa_tiny, "sft_step", run_fast(search_qa_tiny.sft_step))
+        yield
 
 
 def _train(model: Policy, steps: int) -> None:

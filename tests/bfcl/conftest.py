@@ -32,6 +32,11 @@ def bfcl_kit(tmp_path_factory):
     truth; built once."""
     from built_once import built_once, session_tmp
 
+    from toy import fast_fitting
     from trace_jax.envs.bfcl.kit import write_tiny_bfcl
 
-    return built_once(session_tmp(tmp_path_factory), "bfcl_kit", lambda path: write_tiny_bfcl(path, sft_steps=100))
+    def write(path):
+        with fast_fitting():
+            write_tiny_bfcl(path, sft_steps=100)
+
+    return built_once(session_tmp(tmp_path_factory), "bfcl_kit", write)
