@@ -188,41 +188,42 @@ def _eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _data_bfcl_tiny(args: argparse.Namespace) -> int:
+def _timed_kit(write, out: str, sft_steps: int) -> tuple[Path, str]:
+    """A tiny kit written by write(out, sft_steps=...): (its folder, "N s" it took)."""
     import time
 
+    start = time.perf_counter()
+    path = Path(write(out, sft_steps=sft_steps))
+    return path, f"{time.perf_counter() - start:.0f} s"
+
+
+def _data_bfcl_tiny(args: argparse.Namespace) -> int:
     from trace_jax.envs.bfcl.kit import write_tiny_bfcl
 
-    start = time.perf_counter()
-    out = write_tiny_bfcl(args.out, sft_steps=args.sft_steps)
-    print(f"tiny BFCL kit in {out} ({time.perf_counter() - start:.0f} s): policy/ (tiny Qwen3 + tokenizer with the "
-          "tool chat template); its entries come with bfcl-eval.\n"
+    out, took = _timed_kit(write_tiny_bfcl, args.out, args.sft_steps)
+    print(f"tiny BFCL kit in {out} ({took}): policy/ (tiny Qwen3 + tokenizer with the tool chat template); its "
+          "entries come with bfcl-eval.\n"
           "train on it: trace-jax train --config configs/bfcl_tiny.yaml")
     return 0
 
 
 def _data_search_qa_tiny(args: argparse.Namespace) -> int:
-    import time
-
     from trace_jax.data.search_qa_tiny import write_tiny_search_qa
 
-    start = time.perf_counter()
-    out = write_tiny_search_qa(args.out, sft_steps=args.sft_steps)
-    print(f"tiny search QA kit in {out} ({time.perf_counter() - start:.0f} s): corpus.jsonl, qa/ (nq, hotpotqa), policy/ (a tiny Qwen3 "
-          f"fine-tuned for {args.sft_steps} steps on the kit's scripted episodes, and its tokenizer).\n"
+    out, took = _timed_kit(write_tiny_search_qa, args.out, args.sft_steps)
+    print(f"tiny search QA kit in {out} ({took}): corpus.jsonl, qa/ (nq, hotpotqa), policy/ (a tiny Qwen3 fine-tuned "
+          f"for {args.sft_steps} steps on the kit's scripted episodes, and its tokenizer).\n"
           f"serve it: trace-jax retrieve serve --corpus {out / 'corpus.jsonl'} --port 8000\n"
           "train on it: trace-jax train --config configs/searchqa_tiny.yaml")
     return 0
 
 
 def _data_math_tiny(args: argparse.Namespace) -> int:
-    import time
-
     from trace_jax.envs.math.kit import write_tiny_math
 
-    start = time.perf_counter()
-    out = write_tiny_math(args.out, sft_steps=args.sft_steps)
-    print(f"tiny math kit in {out} ({time.perf_counter() - start:.0f} s): problems/ (train.jsonl, eval/kit.jsonl), policy/ (tiny Qwen3 + tokenizer).\n"
+    out, took = _timed_kit(write_tiny_math, args.out, args.sft_steps)
+    print(f"tiny math kit in {out} ({took}): problems/ (train.jsonl, eval/kit.jsonl), policy/ (tiny Qwen3 + "
+          "tokenizer).\n"
           "train on it: trace-jax train --config configs/math_tiny.yaml")
     return 0
 

@@ -132,7 +132,8 @@ def markdown_table(summary: dict) -> str:
     """The summary as a Markdown table, mean ± sample std over seeds."""
     n = len(summary["seeds"])
     head = ["method", *(h for h, _ in COLUMNS.values())]
-    lines = [f"{'Mean ± sample std over' if n > 1 else 'One run per method:'} {n} seed{'s' * (n > 1)} ({', '.join(map(str, summary['seeds']))}); "
+    over = "Mean ± sample std over" if n > 1 else "One run per method:"
+    lines = [f"{over} {n} seed{'s' * (n > 1)} ({', '.join(map(str, summary['seeds']))}); "
              f"T* = {summary['tokens_at']:.0f} cumulative generated policy tokens, the fewest any run reached.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for m, s in summary["methods"].items():

@@ -130,9 +130,10 @@ class RetrieverClient:
             except (OSError, http.client.HTTPException, ValueError) as e:
                 error = e
         raise RetrieverError(f"retriever at {cfg.url} failed {cfg.retries + 1} times; last error: {error!r}. "
-                             "Is it running? Start one with `trace-jax retrieve serve --corpus CORPUS.jsonl --port P` (the "
-                             "tiny kit's: --corpus artifacts/search_qa_tiny/corpus.jsonl --port 8000), or `--index "
-                             "DIR` for an index built by `trace-jax retrieve index`; or set retriever.url") from None
+                             "Is it running? Start one with `trace-jax retrieve serve --corpus CORPUS.jsonl --port P` "
+                             "(the tiny kit's: --corpus artifacts/search_qa_tiny/corpus.jsonl --port 8000), or "
+                             "`--index DIR` for an index built by `trace-jax retrieve index`; or set retriever.url"
+                             ) from None
 
     def retrieve(self, queries: list[str]) -> list[list[dict]]:
         """The top-k hits `{"document": {"id", "contents"}, "score"}` of every query, in order."""
