@@ -74,6 +74,11 @@ def test_answers_are_graded_and_the_turn_after_the_last_tool_call_must_answer(to
     env = make_env(tools)
     assert turn(env, [(0, [], "so \\boxed{7}"), (1, [], "so \\boxed{7}"), (0, [], "no box, no code")])[1:] == (
         [1.0, 0.0, 0.0], [True, True, True])
+    # the episode is graded, as evaluation logs it (its actions decoded together) and `eval --responses` reads it:
+    # a box the answering turn lacks is read from an earlier turn, and one inside a turn's thinking is not
+    assert turn(env, [(0, ["I guess \\boxed{7} " + code("x = 1")], "done")])[1] == [1.0]
+    assert turn(env, [(0, ["<think>\\boxed{7}</think>" + code("x = 1")], "done")])[1] == [0.0]
+    assert turn(env, [(0, ["<think>\\boxed{1}</think>" + code("x = 1")], "<think>so</think> \\boxed 7")])[1] == [1.0]
     calls = [code("x = 1"), code("x = 2"), code("x = 3")]  # max_tool_calls=3 used: this block is the answer
     texts, reward, done = turn(env, [(0, calls, code("print(7)") + "\\boxed{7}")])
     assert (texts, reward, done) == ([""], [1.0], [True])

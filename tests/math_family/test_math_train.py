@@ -44,7 +44,7 @@ def test_forks_resume_mid_episode_from_the_interpreter_state_at_their_anchor(mat
         q = int(tree.question[s])
         for t, action in enumerate(actions):  # the fork's observations are its own history's, replayed afresh
             state = fresh._restore((q, *(a.tobytes() for a in actions[:t])), actions[:t])
-            obs = fresh._turns([state], [q], [t], [action])[0][0]
+            obs = fresh._turns([state], [q], [t], [action], [actions[:t]])[0][0]
             assert obs.tolist()[: task.m.obs_len] == observations[t], (s, t)
     assert mid_episode > 0  # forks that ran code after their anchor
     assert fresh.replays > 0
@@ -98,3 +98,7 @@ def test_trace_steps_resume_exactly_after_a_kill_and_evaluate(math_kit, tmp_path
     responses.write_text(json.dumps({"id": "nope", "response": "\\boxed{1}"}) + "\n")
     assert main(["eval", *args(math_kit, tmp_path), "--responses", str(responses)]) == 2
     assert "problem id 'nope' is in no evaluation set" in capsys.readouterr().err
+    first = json.dumps({"id": answers[0]["id"], "response": "\\boxed{1}"}).encode()
+    responses.write_bytes(first + b'\n{"id": "b", "response": "\xff"}\n')  # a byte no UTF-8 text holds
+    assert main(["eval", *args(math_kit, tmp_path), "--responses", str(responses)]) == 2
+    assert f"{responses}:2: not UTF-8" in capsys.readouterr().err

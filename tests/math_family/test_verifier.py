@@ -1,4 +1,5 @@
-"""The math verifier: math-verify on the response's last box, with a process-level timeout instead of its SIGALRM."""
+"""The math verifier: math-verify on the last box of the response's answer (after its thinking, as DeepScaleR reads
+it), with a process-level timeout instead of its SIGALRM."""
 
 import random
 import threading
@@ -6,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from trace_jax.envs.math.verifier import Verifier, apart, last_boxed, parse_box, quick_verdict, score
+from trace_jax.envs.math.verifier import Verifier, answer_of, apart, last_boxed, parse_box, quick_verdict, score
 
 MATCH = [  # (reference answer, response): must score 1
     ("\\frac{1}{2}", "so the probability is \\boxed{\\frac{1}{2}}"),
@@ -26,6 +27,17 @@ MATCH = [  # (reference answer, response): must score 1
     ("-7", "\\boxed{-7}"),
     ("1000", "\\boxed{1,000}"),
     ("\\pi", "\\boxed{\\pi}"),
+    # the answer after the thinking (DeepScaleR's `split("</think>")[-1]`), the thinking's own boxes aside
+    ("5", "<think>maybe \\boxed{4}</think> So \\boxed{5}."),
+    ("5", "<think>a</think> \\boxed{3} <think>b \\boxed{9}</think> \\boxed{5}"),  # after the last </think>
+    ("5", "\\boxed{5}"),  # no thinking: read whole
+    # the boxes DeepScaleR's extraction reads (Hendrycks' `last_boxed_only_string`)
+    ("5", "\\boxed 5"),
+    ("12", "the answer is $\\boxed 12$."),
+    ("5", "so \\boxed 5."),
+    ("5", "\\fbox{5}"),
+    ("\\frac{1}{2}", "\\fbox{\\frac{1}{2}}"),
+    ("5", "\\boxed {5}"),
 ]
 NO_MATCH = [  # must score 0
     ("42", "\\boxed{41}"),  # a wrong answer inside a box
@@ -40,6 +52,12 @@ NO_MATCH = [  # must score 0
     ("3", "\\boxed{3.001}"),
     ("3", "\\boxed{\\frac{}{}}"),  # malformed LaTeX
     ("3", ""),
+    ("5", "<think>it is \\boxed{5}</think> The answer is 7."),  # a box inside the thinking is not the answer
+    ("7", "<think>it is \\boxed{5}</think> The answer is 7."),  # and an answer outside a box is none
+    ("5", "<think>it is \\boxed{5}"),  # thinking opened, never closed: no answer
+    ("5", "\\boxed{5} <think>then"),
+    ("5", "\\boxed{5}</think> \\boxed{6}"),
+    ("5", "\\boxedx"),
 ]
 
 
@@ -59,6 +77,15 @@ def test_the_table_of_answers_that_must_and_must_not_match(verifier):
 def test_last_boxed_reads_nested_braces():
     assert last_boxed("\\boxed{1} and \\boxed{\\frac{a}{b+1}} end") == "\\frac{a}{b+1}"
     assert last_boxed("\\boxed{\\frac{a}{b}") is None and last_boxed("no box") is None
+
+
+@pytest.mark.parametrize("response, answer", [
+    ("\\boxed{1} then \\boxed 2", "2"), ("\\boxed 2 then \\fbox{3}", "3"),  # the last box of any form
+    ("$\\boxed -3$.", "-3"), ("\\boxed 7, so", "7"), ("\\boxed{1} \\boxed", "1"),  # a bare \\boxed opens none
+    ("<think>\\boxed{1}</think>", None), ("<think></think>\\boxed{1}</think>", None), ("<think>\\boxed{1}", None),
+])
+def test_what_a_response_answers(response, answer):
+    assert answer_of(response) == answer
 
 
 def test_a_comparison_past_the_timeout_scores_0_and_the_verifier_goes_on():

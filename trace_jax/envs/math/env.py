@@ -2,8 +2,10 @@
 
 A turn is the policy's text up to the end of a ```python block (a stop sequence) or of its message. A block is
 run in the sandbox, after the episode's earlier blocks (each cell sees their variables), and its output comes
-back as "```output\\n...\\n```\\n" tokens. A turn without a block ends the episode: its last \\boxed{} is graded
-by the verifier (reward 1 or 0). After max_tool_calls blocks, the next turn is the answer, whatever it holds.
+back as "```output\\n...\\n```\\n" tokens. A turn without a block ends the episode: the episode's actions, decoded
+together (what evaluation logs as its response), are graded by the verifier (reward 1 or 0; `verifier.answer_of`:
+the last box after the last `</think>`). After max_tool_calls blocks, the next turn is the answer, whatever it
+holds.
 
 Stateful (`HostEnv.stateful`): an episode's interpreter state is the cells of its earlier turns that ran to their
 end or raised (a cell stopped by a limit is left out of later replays), kept per (question, actions so far) by
@@ -70,7 +72,7 @@ class MathEnv(StatefulHostEnv):
 
     def act(self, state: list[str], question: int, turn: int, action: np.ndarray) -> tuple[np.ndarray, float, bool]:
         """One slot's turn alone (the replay path; `step` batches the same logic)."""
-        (obs, reward, done, after), = self._turns([state], [question], [turn], [action])
+        (obs, reward, done, after), = self._turns([state], [question], [turn], [action], [[]])
         state[:] = after
         return obs, reward, done
 
@@ -85,15 +87,19 @@ class MathEnv(StatefulHostEnv):
         return self._open + body + self._close
 
     def _turns(self, states: list[list[str]], questions: Sequence[int], turns: Sequence[int],
-               actions: Sequence[np.ndarray]) -> list[tuple[np.ndarray, float, bool, list[str]]]:
+               actions: Sequence[np.ndarray], pasts: Sequence[Sequence[np.ndarray]]
+               ) -> list[tuple[np.ndarray, float, bool, list[str]]]:
         """Several slots' turns, their code run together, their answers graded together: per slot (observation ids,
-        reward, done, the state after the turn)."""
+        reward, done, the state after the turn). pasts: each slot's earlier actions, graded with its answer (`act`,
+        the replay path, passes none: a replayed turn ran code, so it grades nothing)."""
         texts = self.tokenizer.batch_decode([list(map(int, a)) for a in actions], skip_special_tokens=True)
         codes = [code_of(t) if turn < self.cfg.max_tool_calls else None for t, turn in zip(texts, turns)]
         runs = [i for i, c in enumerate(codes) if c is not None]
         answering = [i for i, c in enumerate(codes) if c is None]
+        episodes = self.tokenizer.batch_decode([np.concatenate([*pasts[i], actions[i]]).tolist() for i in answering],
+                                               skip_special_tokens=True)  # as `evaluate_qa.responses` decodes them
         graded = self._grader.submit(self.verifier.scores, [self.answers[questions[i]] for i in answering],
-                                     [texts[i] for i in answering])  # the verifier's processes work while the
+                                     episodes)  # the verifier's processes work while the
         results = dict(zip(runs, self.sandbox.run_many([[*states[i], codes[i]] for i in runs])))  # sandbox's do
         scores = dict(zip(answering, graded.result()))
         out = []
@@ -114,14 +120,15 @@ class MathEnv(StatefulHostEnv):
         obs, obs_len = np.zeros((s, self.obs_len), np.int32), np.zeros(s, np.int32)
         reward, done = np.zeros(s, np.float32), np.zeros(s, bool)
         slots = np.flatnonzero(live).tolist()
-        histories, states, acts = [], [], []
+        histories, states, acts, pasts = [], [], [], []
         for i in slots:
             past = [np.asarray(a, np.int32) for a in past_actions[i]]
             histories.append((int(question[i]), *(a.tobytes() for a in past)))
             states.append(self._restore(histories[-1], past))
             acts.append(np.asarray(action[i, : action_len[i]], np.int32))
+            pasts.append(past)
         try:
-            got = self._turns(states, [int(question[i]) for i in slots], [int(turn[i]) for i in slots], acts)
+            got = self._turns(states, [int(question[i]) for i in slots], [int(turn[i]) for i in slots], acts, pasts)
         except Exception as exc:  # never out of step: each slot gets the error, its state as before the turn
             got = [(self.error_observation(exc), 0.0, False, state) for state in states]
         for i, history, act, (o, r, d, after) in zip(slots, histories, acts, got):

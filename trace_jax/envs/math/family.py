@@ -25,8 +25,8 @@ from trace_jax.envs.math.config import MathConfig
 from trace_jax.envs.math.dataset import FORMATS, build_problems, read_problems
 from trace_jax.envs.math.env import MathEnv, prompt_ids
 from trace_jax.envs.math.sandbox import SandboxPool
-from trace_jax.envs.math.verifier import Verifier, last_boxed
-from trace_jax.evaluate_qa import episodes, final_turns, responses
+from trace_jax.envs.math.verifier import Verifier, answer_of
+from trace_jax.evaluate_qa import episodes, responses
 from trace_jax.models.config import ModelConfig
 from trace_jax.models.qwen3 import Policy
 from trace_jax.rollout.engine import SamplingConfig
@@ -122,13 +122,13 @@ class MathTask(hf_policy.HFTask):
             got = []
             for lo, tree in episodes(model, self.env, prompts, cfg.eval_batch, jax.random.fold_in(key, s),
                                      sampling, self.pad_id, mesh, desc=f"eval {name}"):
-                texts, finals = responses(tree, self.tokenizer), final_turns(tree, self.tokenizer)
+                texts = responses(tree, self.tokenizer)
                 for slot, job in enumerate(range(lo, min(lo + cfg.eval_batch, len(jobs)))):
                     row = ps.rows[jobs[job]]  # every turn but the last ran a code block
                     got.append({"set": name, "id": row["id"], "sample": job % k, "answer": row["answer"],
                                 "response": texts[slot], "reward": float(tree.reward[slot]),
                                 "tool_calls": max(int(tree.num_turns[slot]) - 1, 0),
-                                "answered": last_boxed(finals[slot]) is not None})
+                                "answered": answer_of(texts[slot]) is not None})
             records += got
             metrics |= {f"eval/{name}/accuracy": float(np.mean([g["reward"] for g in got])),
                         f"eval/{name}/tool_calls": float(np.mean([g["tool_calls"] for g in got])),
@@ -152,7 +152,12 @@ def score_responses(cfg: TrainConfig, path: Path) -> Evaluation:
     for name, pid in answers:
         by_id.setdefault(pid, []).append(name)
     lines = []
-    for lineno, text in enumerate(Path(path).read_text().splitlines(), 1):
+    for lineno, raw in enumerate(Path(path).read_bytes().splitlines(), 1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: not UTF-8 (byte {e.start + 1} of the line): write the file as UTF-8"
+                             ) from None
         if not text.strip():
             continue
         try:
@@ -170,7 +175,7 @@ def score_responses(cfg: TrainConfig, path: Path) -> Evaluation:
         lines.append({"set": name, "id": pid, "answer": answers[name, pid], "response": row["response"]})
     with Verifier(timeout_s=m.verify_timeout_s) as verifier:
         rewards = verifier.scores([r["answer"] for r in lines], [r["response"] for r in lines])
-    records = [{**r, "reward": v, "answered": last_boxed(r["response"]) is not None} for r, v in zip(lines, rewards)]
+    records = [{**r, "reward": v, "answered": answer_of(r["response"]) is not None} for r, v in zip(lines, rewards)]
     metrics = {}
     for name in dict.fromkeys(r["set"] for r in records):
         mine = [r for r in records if r["set"] == name]

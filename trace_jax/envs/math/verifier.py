@@ -1,4 +1,10 @@
-"""The math family's reward: the response's last `\\boxed{}` against the reference answer, graded by math-verify.
+"""The math family's reward: the last box of a response's answer against the reference answer, graded by
+math-verify.
+
+What is graded is read as DeepScaleR reads it (`answer_text`): the text after the response's last `</think>`; a
+response that opens its thinking and never closes it has no answer; one without thinking is read whole. Training
+(the episode's actions decoded together) and `eval --responses` (a line's response) grade through the same
+functions. A box is `\\boxed{...}`, `\\fbox{...}` or `\\boxed x` (`last_boxed`).
 
 math-verify (what ToRL and SimpleTIR grade with) bounds its own work with SIGALRM, which only works on a
 process's main thread; here its timeouts are off and each comparison runs in a worker process (`workers`) that
@@ -18,19 +24,42 @@ from fractions import Fraction
 
 from trace_jax.envs.math.workers import WorkerPool
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+BOX = re.compile(r"\\(?:boxed|fbox)\s*\{|\\boxed\s+(?=[^\s{$])")  # the openings of a box: braced, or `\boxed x`
+BARE = re.compile(r"[^\s$]+")  # the content of `\boxed x`: up to a space or `$`, as math-verify reads it
 
-def last_boxed(response: str) -> str | None:
-    """The content of the response's last `\\boxed{...}` (braces balanced), or None if it has none or it is not
-    closed."""
-    start = response.rfind("\\boxed{")
-    if start < 0:
+
+def answer_text(response: str) -> str | None:
+    """The part of a response that holds its answer: after its last `</think>`; None when it opens `<think>` and
+    never closes it; the whole response when it does not think."""
+    if THINK_CLOSE in response:
+        return response.rsplit(THINK_CLOSE, 1)[1]
+    return None if THINK_OPEN in response else response
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the text's last box: `\\boxed{...}` or `\\fbox{...}` (braces balanced), or `\\boxed x` (x up to
+    a space or `$`, a final period or comma left out); None if it has none or its last braced box is not closed."""
+    opening = None
+    for opening in BOX.finditer(text):
+        pass
+    if opening is None:
         return None
-    depth, i = 0, start + len("\\boxed")
-    for j in range(i, len(response)):
-        depth += {"{": 1, "}": -1}.get(response[j], 0)
+    i = opening.end()
+    if not opening.group().rstrip().endswith("{"):
+        return BARE.match(text, i).group().rstrip(".,")
+    depth = 1
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
-            return response[i + 1 : j]
+            return text[i:j]
     return None
+
+
+def answer_of(response: str) -> str | None:
+    """What a response answers: the last box of its `answer_text`, or None."""
+    text = answer_text(response)
+    return None if text is None else last_boxed(text)
 
 
 RATIONAL = re.compile(r"^\s*([-+]?)\s*(?:(\d+)\s*(?:/\s*(\d+)\s*)?|\\[dt]?frac\{\s*(\d+)\s*\}\{\s*(\d+)\s*\}\s*)$")
@@ -99,10 +128,15 @@ def apart(gold: list, pred: list) -> bool:
 
 
 def score(answer: str, response: str) -> float:
-    """1.0 if the response's last box equals `answer` under math-verify, else 0.0 (in this process, no timeout)."""
+    """1.0 if what the response answers (`answer_of`) equals `answer` under math-verify, else 0.0 (in this process,
+    no timeout)."""
+    return score_box(answer, answer_of(response))
+
+
+def score_box(answer: str, boxed: str | None) -> float:
+    """1.0 if a box's content equals `answer` under math-verify, else 0.0 (None: no box)."""
     from math_verify import verify
 
-    boxed = last_boxed(response)
     quick = quick_verdict(answer, boxed)
     if quick is not None:
         return quick
@@ -114,7 +148,7 @@ def score(answer: str, response: str) -> float:
 
 class Verifier:
     """`score` over batches in `workers` processes, each comparison bounded by `timeout_s` (then 0). A score depends
-    only on the answer and the response's last box, so each such pair is compared once (`cache_size` kept), and
+    only on the answer and what the response answers (`answer_of`), so each such pair is compared once (`cache_size` kept), and
     where `quick_verdict` decides, without a worker."""
 
     def __init__(self, workers: int = 0, timeout_s: float = 10.0, cache_size: int = 65536):
@@ -125,11 +159,11 @@ class Verifier:
     def scores(self, answers: Sequence[str], responses: Sequence[str]) -> list[float]:
         if len(answers) != len(responses):
             raise ValueError(f"{len(answers)} answers for {len(responses)} responses")
-        keys = [(a, last_boxed(r)) for a, r in zip(answers, responses)]
+        keys = [(a, answer_of(r)) for a, r in zip(answers, responses)]
         known = {k: v for k in keys if (v := quick_verdict(*k)) is not None}
         known |= {k: self._cache[k] for k in keys if k in self._cache}
         todo = list(dict.fromkeys(k for k in keys if k not in known))
-        requests = [{"answer": a, "response": f"\\boxed{{{b}}}"} for a, b in todo]
+        requests = [{"answer": a, "boxed": b} for a, b in todo]
         timed_out = {"score": 0.0, "timed_out": True}  # scores 0, and is not kept: a later try may finish
         for key, got in zip(todo, self.pool.ask_many(requests, self.timeout_s, lambda _: timed_out)):
             known[key] = got["score"]
@@ -150,13 +184,13 @@ class Verifier:
 
 
 def main() -> None:
-    """A verifier worker: one {"answer", "response"} per line in, one {"score"} per line out."""
+    """A verifier worker: one {"answer", "boxed"} per line in, one {"score"} per line out."""
     import math_verify  # noqa: F401 - warm before the first request
 
     for line in sys.stdin:
         request = json.loads(line)
         try:
-            got = score(request["answer"], request["response"])
+            got = score_box(request["answer"], request["boxed"])
         except Exception:
             got = 0.0
         sys.stdout.write(json.dumps({"score": got}) + "\n")
