@@ -1,14 +1,76 @@
-"""Calls as text and as executions: Qwen3 tool calls and BFCL call strings parse (literals only), and running a call
-on an episode's instances gives exactly bfcl-eval's execution result."""
+"""Calls as text and as executions: Qwen3 tool calls decode as bfcl's Qwen handler decodes them (or leniently), BFCL
+call strings parse (literals only), and running a call on an episode's instances gives exactly bfcl-eval's execution
+result."""
 
 import os
 
 import mpmath
 import pytest
+from bfcl_handler import bfcl_step
 from bfcl_replay import bfcl_results
 
 from trace_jax.envs.bfcl.apis import LIMITS, MAX_DEPTH, MAX_INT, Apis, argument_error
-from trace_jax.envs.bfcl.calls import Call, call_string, parse_call_string, parse_tool_calls, tool_call_text
+from trace_jax.envs.bfcl.calls import (
+    Call,
+    bfcl_tool_calls,
+    call_string,
+    decode_calls,
+    parse_call_string,
+    parse_tool_calls,
+    tool_call_text,
+)
+from trace_jax.envs.bfcl.config import BfclConfig
+
+LS = '{"name": "ls", "arguments": {"a": true}}'
+CD = '{"name": "cd", "arguments": {"folder": "docs"}}'
+MESSAGES = [  # assistant messages, each read by bfcl's own handler code and by `bfcl_tool_calls`
+    f"<tool_call>\n{LS}\n</tool_call>",
+    f"<tool_call>\n{LS}\n</tool_call>\n<tool_call>\n{CD}\n</tool_call>",
+    f"<tool_call>{LS}</tool_call>",  # without bfcl's newlines: no call
+    f"<tool_call>\n{LS}</tool_call>",
+    f"<think>\n<tool_call>\n{LS}\n</tool_call>\n</think>\n\nDone.",  # a call inside the thinking: not made
+    f"<think>\nls first\n</think>\n\n<tool_call>\n{LS}\n</tool_call>",  # after it: made
+    f"<think>a</think><tool_call>\n{CD}\n</tool_call><think>b</think>\n<tool_call>\n{LS}\n</tool_call>",
+    f"<think>\n<tool_call>\n{LS}\n</tool_call>",  # thinking never closed: bfcl reads the whole message
+    "<tool_call>\n{nope}\n</tool_call>",  # the only block malformed: no call, the turn ends
+    f"<tool_call>\n{{nope}}\n</tool_call>\n<tool_call>\n{LS}\n</tool_call>",  # a malformed block is dropped
+    f"<tool_call>\n[1, 2]\n</tool_call>\n<tool_call>\n{LS}\n</tool_call>",  # a block not an object: none made
+    '<tool_call>\n{"name": "ls"}\n</tool_call>',  # no arguments
+    '<tool_call>\n{"name": "cd", "arguments": "{\\"folder\\": \\"docs\\"}"}\n</tool_call>',  # as a JSON string
+    '<tool_call>\n{"name": "cd", "arguments": "folder=docs"}\n</tool_call>',
+    '<tool_call>\n{"name": "cd", "arguments": "[1]"}\n</tool_call>',
+    '<tool_call>\n{"name": "ls", "arguments": null}\n</tool_call>',
+    '<tool_call>\n{"name": "ls", "arguments": [true]}\n</tool_call>',
+    '<tool_call>\n{"name": ["ls"], "arguments": {}}\n</tool_call>',
+    '<tool_call>\n{"name": 5, "arguments": {}}\n</tool_call>',  # a number names a function (that none has)
+    '<tool_call>\n{"name": null, "arguments": {"a b": 1}}\n</tool_call>',
+    '<tool_call>\n{"name": "ls", "arguments": {"a": ' + "[" * 5000 + "]" * 5000 + "}}\n</tool_call>",
+    f"<tool_call>\n{LS}\n</tool_call>\n<tool_call>\n{CD}",  # the last block not closed
+    "The files are a.txt and b.txt.",
+    "",
+]
+
+
+@pytest.mark.parametrize("message", MESSAGES)
+def test_calls_decode_as_bfcls_qwen_handler_decodes_them(message):
+    """bfcl executes exactly these calls, or ends the turn where `bfcl_tool_calls` gives none (written as bfcl's
+    `convert_to_function_call` writes a call string)."""
+    ours = [f"{c.name}({','.join(f'{k}={v!r}' for k, v in c.arguments.items())})" for c in bfcl_tool_calls(message)]
+    assert (ours or None) == bfcl_step(message)
+    assert decode_calls(message) == bfcl_tool_calls(message)
+
+
+def test_lenient_decoding_reads_every_block_and_names_what_is_wrong():
+    message = (f"<think>\n<tool_call>\n{LS}\n</tool_call>\n</think><tool_call>{CD}</tool_call>"
+               "<tool_call>\n[1]\n</tool_call>")
+    assert decode_calls(message, "bfcl") == []
+    assert decode_calls(message, "lenient") == [Call("ls", {"a": True}), Call("cd", {"folder": "docs"}),
+                                                 'the tool call must be a JSON object {"name": <function-name>, '
+                                                 '"arguments": {...}}']
+    with pytest.raises(ValueError, match="decoding 'loose' is not one of"):
+        decode_calls(message, "loose")
+    with pytest.raises(ValueError, match="task.decoding='loose' is not one of"):
+        BfclConfig(decoding="loose")
 
 
 def test_parse_tool_calls():

@@ -80,46 +80,61 @@ def test_tokens_are_the_chat_template(tokenizer, entries, subset):
     assert tokenizer.decode(tokens) + "\n" == expected
 
 
+END = "the turn ends"  # bfcl's decoding finds no call in the message: the user turn ends (and fails its checks)
+
+
 def _hostile(entry):
-    """(assistant message, what its error says) for a miss_func entry over the file system at turn 0."""
+    """(assistant message, what its error says read leniently, what happens read as bfcl reads it: its error, END,
+    or None where the call runs) for a miss_func entry over the file system at turn 0."""
     call = lambda body: f"<tool_call>\n{body}\n</tool_call>"
     nested = "[" * 30 + '"x"' + "]" * 30
+    same = lambda body, says: (call(body), says, says)
     return [
-        (call('{"name": "ls", "arguments": {"a": tru'), "not valid JSON"),
-        (call('{"name": "__class__", "arguments": {}}'), "no function named '__class__'"),
-        (call('{"name": "__init__", "arguments": {}}'), "no function named '__init__'"),
-        (call('{"name": "_load_scenario", "arguments": {"scenario": {}}}'), "no function named '_load_scenario'"),
-        (call('{"name": "__import__(\'os\').system(\'ls\')", "arguments": {}}'), "no function named"),
-        (call('{"name": "place_order", "arguments": {}}'), "no function named 'place_order'"),  # another class's
-        (call('{"name": "ls", "arguments": {"a": true, "b": 1}}'), "ls has no argument b"),
-        (call('{"name": "cd", "arguments": {}}'), "cd needs the argument folder"),
-        (call('{"name": "cd", "arguments": {"folder": {"x": 1}}}'), "expected string, got object"),
-        (call(f'{{"name": "mkdir", "arguments": {{"dir_name": {nested}}}}}'), "expected string, got array"),
-        (call(f'{{"name": "mkdir", "arguments": {{"dir_name": {MAX_INT * 10}}}}}'), "does not fit in 64 bits"),
-        (call('{"name": "cd", "arguments": {"folder": 5}}'), "'int' object has no attribute"),  # cd raises
+        (call('{"name": "ls", "arguments": {"a": tru'), "not valid JSON", END),
+        same('{"name": "__class__", "arguments": {}}', "no function named '__class__'"),
+        same('{"name": "__init__", "arguments": {}}', "no function named '__init__'"),
+        same('{"name": "_load_scenario", "arguments": {"scenario": {}}}', "no function named '_load_scenario'"),
+        same('{"name": "__import__(\'os\').system(\'ls\')", "arguments": {}}', "no function named"),
+        same('{"name": "place_order", "arguments": {}}', "no function named 'place_order'"),  # another class's
+        same('{"name": "ls", "arguments": {"a": true, "b": 1}}', "ls has no argument b"),
+        same('{"name": "cd", "arguments": {}}', "cd needs the argument folder"),
+        same('{"name": "cd", "arguments": {"folder": {"x": 1}}}', "expected string, got object"),
+        same(f'{{"name": "mkdir", "arguments": {{"dir_name": {nested}}}}}', "expected string, got array"),
+        same(f'{{"name": "mkdir", "arguments": {{"dir_name": {MAX_INT * 10}}}}}', "does not fit in 64 bits"),
+        same('{"name": "cd", "arguments": {"folder": 5}}', "'int' object has no attribute"),  # cd raises
         (call('{"name": "echo", "arguments": {"content": "' + "x" * MAX_CALL_CHARS + '", "file_name": "a"}}'),
-         "over the limit"),
-        (call('{"name": "ls", "arguments": {"a": ' + "[" * 50_000 + "]" * 50_000 + "}}"), "over the limit"),
-        (call('{"name": "ls", "arguments": "a=True"}'), "not a JSON object"),
-        ('<tool_call>\n{"name": "ls", "arguments": {}}', "not closed"),
+         "over the limit", None),  # bfcl bounds no call's length (action_len bounds the message)
+        (call('{"name": "ls", "arguments": {"a": ' + "[" * 50_000 + "]" * 50_000 + "}}"), "over the limit", END),
+        (call('{"name": "ls", "arguments": "a=True"}'), "not a JSON object", END),
+        ('<tool_call>\n{"name": "ls", "arguments": {}}', "not closed", END),
     ]
 
 
-def test_hostile_calls_get_error_results(tokenizer, entries):
+@pytest.mark.parametrize("decoding", ["lenient", "bfcl"])
+def test_hostile_calls_get_error_results(tokenizer, entries, decoding):
     """Each hostile message, as its own slot of one env.step, gets one tool response, an error saying what is
-    wrong, and leaves the APIs as they were; the same at the text level."""
+    wrong (or, read as bfcl reads it, a message it finds no call in ends the turn), and leaves the APIs as they
+    were; the same at the text level."""
     entry = next(e for e in entries if e.subset == "miss_func" and "GorillaFileSystem" in e.involved_classes)
-    cases = _hostile(entry)
-    env = make_env(tokenizer, [entry], cls=RecordingEnv, action_len=max(len(tokenizer.encode(t)) for t, _ in cases) + 1)
+    cases = [(text, lenient if decoding == "lenient" else bfcl) for text, lenient, bfcl in _hostile(entry)]
+    cases = [(text, says) for text, says in cases if says is not None]
+    env = make_env(tokenizer, [entry], cls=RecordingEnv, decoding=decoding,
+                   action_len=max(len(tokenizer.encode(t)) for t, _ in cases) + 1)
     results = drive(env, 0, [], [ids(env, text) for text, _ in cases])
     ref, fresh = reference(entry), public_state(Episode.start(entry).apis.instances)
+    assert sum(says == END for _, says in cases) == (4 if decoding == "bfcl" else 0)
     for (text, says), (obs, reward, done) in zip(cases, results):
-        seen = tokenizer.decode(obs)
-        assert (reward, done) == (0.0, False) and seen.count("<tool_response>") == 1, seen
-        assert "<tool_response>\nError during execution: " in seen and says in seen, (says, seen[:300])
-        episode = Episode.start(entry)
-        (message,) = episode.step(text, entry, ref).messages
-        assert message["content"].startswith("Error during execution: ") and says in message["content"]
+        episode = Episode.start(entry, decoding)
+        reply = episode.step(text, entry, ref)
+        if says == END:
+            assert (reward, done, len(obs)) == (0.0, True, 0) and reply.done
+            assert episode.failure == "Model response list is empty for turn 0"
+        else:
+            seen = tokenizer.decode(obs)
+            assert (reward, done) == (0.0, False) and seen.count("<tool_response>") == 1, seen
+            assert "<tool_response>\nError during execution: " in seen and says in seen, (says, seen[:300])
+            (message,) = reply.messages
+            assert message["content"].startswith("Error during execution: ") and says in message["content"]
         assert public_state(episode.apis.instances) == fresh
 
 

@@ -72,7 +72,11 @@ def test_trace_steps_resume_exactly_after_a_kill_and_evaluate(bfcl_kit, tmp_path
     for r in lines:  # the env's verdict is bfcl's on the same calls, where the episode ended in its checks
         if r["failure"] is None or "cut off" not in r["failure"]:
             assert bfcl_valid(entries[r["id"]], r["calls"]) == (r["reward"] == 1.0), r
-    assert "| base | 2 |" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "| base | 2 |" in said and "calls decoded as bfcl's Qwen handler decodes them" in said
+    assert main(["eval", *args(bfcl_kit, tmp_path), "task.decoding=lenient", "--checkpoint", str(full / "hf"),
+                 "--out", str(tmp_path / "lenient")]) == 0  # the other decoding, named in what eval says
+    assert "calls decoded leniently (task.decoding=lenient: not bfcl's figure" in capsys.readouterr().out
 
 
 def test_eval_calls_scores_call_files_as_bfcl_does(bfcl_kit, tmp_path, capsys):

@@ -1,6 +1,8 @@
 """Function calls as text: the policy's Qwen3 tool calls in, BFCL's call strings out, and back.
 
 A Qwen3 assistant message holds zero or more `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` blocks.
+`decode_calls` reads them as bfcl's Qwen handler does (`bfcl_tool_calls`, the default: what a leaderboard scores)
+or leniently (`parse_tool_calls`: every block, malformed ones answered with an error).
 BFCL scores and stores calls as Python call strings, `func(a=1, b='x')` (its ground truth, its `--calls` result
 files); those are read here with `ast` as literals only: nothing from a model or a file is ever evaluated.
 """
@@ -8,12 +10,16 @@ files); those are read here with `ast` as literals only: nothing from a model or
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import math
 import re
 from typing import Any, NamedTuple
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+# bfcl-eval's QwenFCHandler._extract_tool_calls pattern (model_handler/local_inference/qwen_fc.py), newlines included
+QWEN_TOOL_CALL = re.compile(r"<tool_call>\n(.*?)\n</tool_call>", re.DOTALL)
+DECODINGS = ("bfcl", "lenient")
 MAX_CALL_CHARS = 32768  # a call's JSON at most (the ground truth's longest is 6.8k): bounds what a call may cost
 
 
@@ -29,6 +35,42 @@ def parse_tool_calls(text: str) -> list[Call | str]:
     for match in TOOL_CALL.finditer(text):
         out.append(_tool_call(match.group(1), closed=match.group(0).endswith("</tool_call>")))
     return out
+
+
+def bfcl_tool_calls(text: str) -> list[Call]:
+    """The calls bfcl's Qwen handler executes from an assistant message; [] where it ends the user turn instead.
+
+    As `QwenFCHandler` does: only the text after the last `</think>` is read; its blocks are those of bfcl's
+    pattern (newlines after `<tool_call>` and before `</tool_call>`); a block that is not JSON is dropped; a message
+    with no block left, or one whose blocks are not all objects with a "name" and an "arguments" object (or JSON
+    string of one), makes no call (bfcl's `decode_execute` raises or returns nothing, and the turn ends)."""
+    if "</think>" in text:
+        text = text.split("</think>")[-1].lstrip("\n")
+    items = []
+    for body in QWEN_TOOL_CALL.findall(text):
+        with contextlib.suppress(ValueError, RecursionError):  # bfcl drops a block that is not JSON
+            items.append(json.loads(body))
+    calls = []
+    for item in items:
+        try:
+            name, arguments = item["name"], item["arguments"]
+            if isinstance(arguments, str):
+                arguments = json.loads(arguments)
+            hash(name)
+            calls.append(Call(str(name), dict(arguments.items())))  # bfcl writes `f"{name}(...)"`: a number names
+        except (TypeError, KeyError, AttributeError, ValueError, RecursionError):  # an unknown function
+            return []
+    return calls
+
+
+def decode_calls(text: str, decoding: str = "bfcl") -> list[Call | str]:
+    """An assistant message's calls under `decoding` ("bfcl": `bfcl_tool_calls`; "lenient": `parse_tool_calls`,
+    whose error strings are answered as results). [] ends the user turn."""
+    if decoding == "bfcl":
+        return list(bfcl_tool_calls(text))
+    if decoding == "lenient":
+        return parse_tool_calls(text)
+    raise ValueError(f"decoding {decoding!r} is not one of {DECODINGS}")
 
 
 def _tool_call(body: str, closed: bool) -> Call | str:

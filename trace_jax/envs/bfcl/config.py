@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from trace_jax.envs.bfcl.calls import DECODINGS
 from trace_jax.envs.bfcl.data import SUBSETS
 from trace_jax.models.config import dtype_name
 
@@ -23,6 +24,10 @@ class BfclConfig:
     obs_len: int = 1024  # O: observation tokens per step at most (tool results are shortened to fit)
     prompt_len: int = 4096  # P: prompt tokens at most (longer entries are skipped, and counted)
     cache_size: int = 4096  # API-state snapshots kept for forks (0: a fork replays its history instead)
+    # how a message's calls are read, in training and eval: "bfcl", as bfcl's Qwen handler (calls after </think>, its
+    # block pattern, a message whose calls all fail to decode ends the turn); "lenient": every block, malformed
+    # ones answered with an error result and the turn going on (scores are then not bfcl's)
+    decoding: str = "bfcl"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", dtype_name(self.dtype, "task.dtype"))
@@ -31,6 +36,8 @@ class BfclConfig:
         for name in ("max_turns", "action_len", "obs_len", "prompt_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"task.{name} must be >= 1, got {getattr(self, name)}")
+        if self.decoding not in DECODINGS:
+            raise ValueError(f"task.decoding={self.decoding!r} is not one of {list(DECODINGS)}")
         if self.eval_entries < 0 or self.cache_size < 0:
             raise ValueError("task.eval_entries and task.cache_size must be >= 0")
         unknown = sorted(set(self.subsets) - set(SUBSETS))

@@ -30,8 +30,9 @@ class BfclEnv(StatefulHostEnv):
     """Batched over slots; question ids index `entries`. A question's ground truth is run once, when first met."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, entries: Sequence[Entry], max_turns: int, action_len: int,
-                 obs_len: int, cache_size: int = 4096):
+                 obs_len: int, cache_size: int = 4096, decoding: str = "bfcl"):
         super().__init__(cache_size)
+        self.decoding = decoding  # how a message's calls are read (`calls.decode_calls`)
         self.tokenizer, self.entries = tokenizer, list(entries)
         self.max_turns, self.action_len, self.obs_len = max_turns, action_len, obs_len
         ends = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(END_OF_MESSAGE)}
@@ -55,7 +56,7 @@ class BfclEnv(StatefulHostEnv):
 
     # StatefulHostEnv: the state is the episode
     def fresh(self, question: int) -> Episode:
-        return Episode.start(self.entries[question])
+        return Episode.start(self.entries[question], self.decoding)
 
     def act(self, state: Episode, question: int, turn: int, action: np.ndarray) -> tuple[np.ndarray, float, bool]:
         ids = [int(a) for a in action]

@@ -10,8 +10,12 @@ is 1 if every turn passed bfcl's checks against the ground truth, else 0; an epi
 
 The checks, per turn with ground-truth calls (bfcl's `multi_turn_checker`): the turn made at least one call; the
 instances equal the ground truth's after that turn (`state_checker`); every ground-truth result of the turn is among
-the results of all the episode's calls so far (`response_checker`). Calls that are not JSON function calls are
-answered with an error but, as in bfcl (whose decoding drops them), are not calls for the checks.
+the results of all the episode's calls so far (`response_checker`).
+
+A message's calls are decoded as `decoding` says (`calls.decode_calls`): by default as bfcl's Qwen handler decodes
+them (after the last `</think>`, its block pattern; a message whose blocks all fail to decode makes no call and ends
+the user turn); `lenient` reads every block and answers a malformed one with an error result (not a call for the
+checks), the turn going on.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from bfcl_eval.constants.default_prompts import MAXIMUM_STEP_LIMIT
 from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import response_checker, state_checker
 
 from trace_jax.envs.bfcl.apis import ERROR, Apis
-from trace_jax.envs.bfcl.calls import Call, call_string, parse_tool_calls
+from trace_jax.envs.bfcl.calls import Call, call_string, decode_calls
 from trace_jax.envs.bfcl.chat import reveal_message
 from trace_jax.envs.bfcl.data import Entry
 
@@ -68,16 +72,17 @@ class Episode:
     results: list[str] = dataclasses.field(default_factory=list)  # results of every call so far, in order
     failure: str | None = None  # the first failed check
     done: bool = False
+    decoding: str = "bfcl"  # how a message's calls are read (`calls.decode_calls`)
 
     @classmethod
-    def start(cls, entry: Entry) -> Episode:
-        return cls(Apis.of(entry))
+    def start(cls, entry: Entry, decoding: str = "bfcl") -> Episode:
+        return cls(Apis.of(entry), decoding=decoding)
 
     def step(self, text: str, entry: Entry, ref: Reference) -> Reply:
         """One assistant message (its text) -> Reply. Never raises on any text (only when the episode is over)."""
         if self.done:
             raise RuntimeError(f"episode of {entry.id} is over; start a new one")
-        parsed = parse_tool_calls(text)
+        parsed = decode_calls(text, self.decoding)
         return self._run(parsed, entry) if parsed else self._end_turn(entry, ref)
 
     def _run(self, parsed: list[Call | str], entry: Entry) -> Reply:

@@ -77,7 +77,8 @@ class BfclTask(hf_policy.HFTask):
         evaluate = selected(m, cfg.data_dir, "eval", by_id)
         if m.eval_entries:
             evaluate = [e for s in m.subsets for e in [e for e in evaluate if e.subset == s][: m.eval_entries]]
-        self.env = BfclEnv(self.tokenizer, train + evaluate, m.max_turns, m.action_len, m.obs_len, m.cache_size)
+        self.env = BfclEnv(self.tokenizer, train + evaluate, m.max_turns, m.action_len, m.obs_len, m.cache_size,
+                           m.decoding)
         self.skipped = 0
         self.train = self._encode(0, train)
         self.evals = self._encode(len(train), evaluate)
@@ -127,16 +128,17 @@ class BfclTask(hf_policy.HFTask):
                                    np.ones(t.num_slots, bool))  # [slot][turn] the policy's token ids
             for slot, row in enumerate(range(lo, min(lo + cfg.eval_batch, len(es.ids)))):
                 texts = self.tokenizer.batch_decode([a.tolist() for a in actions[slot]], skip_special_tokens=True)
-                episode = replay(es.entries[row], texts, self.env.reference(int(es.ids[row])))
+                episode = replay(es.entries[row], texts, self.env.reference(int(es.ids[row])), self.m.decoding)
                 records.append(record(es.entries[row], episode, float(t.reward[slot])))
         metrics = accuracies(records)
-        return Evaluation(metrics=metrics, records={CALLS_FILE: records}, texts={"eval.md": markdown(metrics, step)})
+        return Evaluation(metrics=metrics, records={CALLS_FILE: records},
+                          texts={"eval.md": markdown(metrics, step, self.m.decoding)})
 
 
-def replay(entry: Entry, texts: list[str], ref: Reference) -> Episode:
+def replay(entry: Entry, texts: list[str], ref: Reference, decoding: str = "bfcl") -> Episode:
     """The text-level episode of `entry` after the assistant messages `texts` (stopping when it is done), checked
-    against its ground truth `ref`."""
-    episode = Episode.start(entry)
+    against its ground truth `ref`, their calls read as `decoding` says."""
+    episode = Episode.start(entry, decoding)
     for text in texts:
         if episode.step(text, entry, ref).done:
             break
@@ -160,8 +162,12 @@ def accuracies(records: list[dict]) -> dict[str, float]:
     return metrics
 
 
-def markdown(metrics: dict[str, float], step: int) -> str:
-    rows = [f"Step {step}: bfcl multi-turn accuracy (%), one episode per entry.", "",
+DECODED = {"bfcl": "calls decoded as bfcl's Qwen handler decodes them",
+           "lenient": "calls decoded leniently (task.decoding=lenient: not bfcl's figure for these outputs)"}
+
+
+def markdown(metrics: dict[str, float], step: int, decoding: str) -> str:
+    rows = [f"Step {step}: bfcl multi-turn accuracy (%), one episode per entry, {DECODED[decoding]}.", "",
             "| subset | entries | accuracy |", "|---|---|---|"]
     for name in [k.split("/")[1] for k in metrics if k.endswith("/accuracy")]:
         rows.append(f"| {name} | {int(metrics[f'eval/{name}/entries'])} | "

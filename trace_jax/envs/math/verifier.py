@@ -40,12 +40,10 @@ def answer_text(response: str) -> str | None:
 def last_boxed(text: str) -> str | None:
     """The content of the text's last box: `\\boxed{...}` or `\\fbox{...}` (braces balanced), or `\\boxed x` (x up to
     a space or `$`, a final period or comma left out); None if it has none or its last braced box is not closed."""
-    opening = None
-    for opening in BOX.finditer(text):
-        pass
-    if opening is None:
+    openings = list(BOX.finditer(text))
+    if not openings:
         return None
-    i = opening.end()
+    opening, i = openings[-1], openings[-1].end()
     if not opening.group().rstrip().endswith("{"):
         return BARE.match(text, i).group().rstrip(".,")
     depth = 1
@@ -147,9 +145,9 @@ def score_box(answer: str, boxed: str | None) -> float:
 
 
 class Verifier:
-    """`score` over batches in `workers` processes, each comparison bounded by `timeout_s` (then 0). A score depends
-    only on the answer and what the response answers (`answer_of`), so each such pair is compared once (`cache_size` kept), and
-    where `quick_verdict` decides, without a worker."""
+    """`score` over batches in `workers` processes, each comparison bounded by `timeout_s` (then 0). A score
+    depends only on the answer and what the response answers (`answer_of`), so each such pair is compared once
+    (`cache_size` kept), and where `quick_verdict` decides, without a worker."""
 
     def __init__(self, workers: int = 0, timeout_s: float = 10.0, cache_size: int = 65536):
         self.timeout_s, self.cache_size = timeout_s, cache_size
