@@ -56,9 +56,9 @@ def bfcl_tool_calls(text: str) -> list[Call]:
             name, arguments = item["name"], item["arguments"]
             if isinstance(arguments, str):
                 arguments = json.loads(arguments)
-            hash(name)
-            calls.append(Call(str(name), dict(arguments.items())))  # bfcl writes `f"{name}(...)"`: a number names
-        except (TypeError, KeyError, AttributeError, ValueError, RecursionError):  # an unknown function
+            hash(name)  # bfcl makes the name a dict key: a list or object fails there
+            calls.append(Call(str(name), dict(arguments.items())))  # and writes f"{name}(...)": 5 names no function
+        except (TypeError, KeyError, AttributeError, ValueError, RecursionError):
             return []
     return calls
 
@@ -67,7 +67,7 @@ def decode_calls(text: str, decoding: str = "bfcl") -> list[Call | str]:
     """An assistant message's calls under `decoding` ("bfcl": `bfcl_tool_calls`; "lenient": `parse_tool_calls`,
     whose error strings are answered as results). [] ends the user turn."""
     if decoding == "bfcl":
-        return list(bfcl_tool_calls(text))
+        return bfcl_tool_calls(text)
     if decoding == "lenient":
         return parse_tool_calls(text)
     raise ValueError(f"decoding {decoding!r} is not one of {DECODINGS}")
