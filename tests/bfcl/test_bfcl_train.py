@@ -99,5 +99,8 @@ def test_eval_calls_scores_call_files_as_bfcl_does(bfcl_kit, tmp_path, capsys):
     calls.write_text(json.dumps({"id": "nope", "calls": []}) + "\n")
     assert main(["eval", *args(bfcl_kit, tmp_path), "--calls", str(calls)]) == 2
     assert "entry id 'nope' is in no subset" in capsys.readouterr().err
+    calls.write_bytes(b'\n{"id": "\xff"}\n')  # a byte no UTF-8 text holds, on line 2
+    assert main(["eval", *args(bfcl_kit, tmp_path), "--calls", str(calls)]) == 2
+    assert f"{calls}:2: not UTF-8" in capsys.readouterr().err
     assert main(["eval", *args(bfcl_kit, tmp_path), "--responses", str(calls)]) == 2  # the other family's flag
     assert "env=bfcl takes --calls" in capsys.readouterr().err

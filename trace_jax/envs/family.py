@@ -11,7 +11,8 @@ preemption, logs). Nothing outside the family's folder and the registry changes 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -23,6 +24,23 @@ if TYPE_CHECKING:  # types only: the family modules import these, not this modul
     from trace_jax.models.config import ModelConfig
     from trace_jax.models.qwen3 import Policy
     from trace_jax.rollout.expand import Pool
+
+
+def jsonl_rows(path: str | Path) -> Iterator[tuple[str, Any]]:
+    """(where, value) for each non-blank line of a JSONL file produced elsewhere (a family's `score_responses`
+    input), where = "path:line"; a line that is not UTF-8 or not JSON fails naming its place."""
+    for lineno, raw in enumerate(Path(path).read_bytes().splitlines(), 1):
+        where = f"{path}:{lineno}"
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{where}: not UTF-8 (byte {e.start + 1} of the line): write the file as UTF-8") from None
+        if not text.strip():
+            continue
+        try:
+            yield where, json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e.msg})") from None
 
 
 @dataclasses.dataclass(frozen=True)

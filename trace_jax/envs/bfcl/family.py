@@ -29,7 +29,7 @@ from trace_jax.envs.bfcl.data import Entry, load_entries
 from trace_jax.envs.bfcl.dataset import build_entries, read_entries
 from trace_jax.envs.bfcl.env import BfclEnv
 from trace_jax.envs.bfcl.episode import Episode, Reference, reference
-from trace_jax.envs.family import Evaluation, Family, TurnShape, task_section
+from trace_jax.envs.family import Evaluation, Family, TurnShape, jsonl_rows, task_section
 from trace_jax.evaluate_qa import episodes
 from trace_jax.models.config import ModelConfig
 from trace_jax.models.qwen3 import Policy
@@ -196,14 +196,7 @@ def score_calls(cfg: TrainConfig, path: Path) -> Evaluation:
     m: BfclConfig = task_section(cfg, FAMILY)
     by_id = {e.id: e for e in load_entries(m.subsets)}
     records = []
-    for lineno, text in enumerate(Path(path).read_text().splitlines(), 1):
-        if not text.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not JSON ({e.msg})") from None
+    for where, row in jsonl_rows(path):
         turns = row.get("calls") if isinstance(row, dict) else None
         if "id" not in row or not isinstance(turns, list) or not all(
                 isinstance(t, list) and all(isinstance(s, list) and all(isinstance(c, str) for c in s) for s in t)

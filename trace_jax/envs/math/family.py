@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import json
 from pathlib import Path
 
 import jax
@@ -20,7 +19,7 @@ from jax.sharding import Mesh
 from trace_jax import distributed
 from trace_jax.config import TrainConfig
 from trace_jax.envs import hf_policy
-from trace_jax.envs.family import Evaluation, Family, TurnShape, task_section
+from trace_jax.envs.family import Evaluation, Family, TurnShape, jsonl_rows, task_section
 from trace_jax.envs.math.config import MathConfig
 from trace_jax.envs.math.dataset import FORMATS, build_problems, read_problems
 from trace_jax.envs.math.env import MathEnv, prompt_ids
@@ -152,24 +151,13 @@ def score_responses(cfg: TrainConfig, path: Path) -> Evaluation:
     for name, pid in answers:
         by_id.setdefault(pid, []).append(name)
     lines = []
-    for lineno, raw in enumerate(Path(path).read_bytes().splitlines(), 1):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: not UTF-8 (byte {e.start + 1} of the line): write the file as UTF-8"
-                             ) from None
-        if not text.strip():
-            continue
-        try:
-            row = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+    for where, row in jsonl_rows(path):
         if not isinstance(row, dict) or not isinstance(row.get("response"), str) or "id" not in row:
-            raise ValueError(f'{path}:{lineno}: needs "id" and a string "response"')
+            raise ValueError(f'{where}: needs "id" and a string "response"')
         pid, sets = str(row["id"]), by_id.get(str(row["id"]), [])
         name = row.get("set") or (sets[0] if len(sets) == 1 else None)
         if (name, pid) not in answers:
-            raise ValueError(f"{path}:{lineno}: problem id {pid!r} " + (
+            raise ValueError(f"{where}: problem id {pid!r} " + (
                 f"is in several sets {sets}: add \"set\"" if len(sets) > 1 else
                 f"is in no evaluation set of {m.problems_dir}" + (f" under set {name!r}" if name else "")))
         lines.append({"set": name, "id": pid, "answer": answers[name, pid], "response": row["response"]})
