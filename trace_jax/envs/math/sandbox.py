@@ -33,6 +33,7 @@ class SandboxConfig:
     disk_mb: int = 64  # all of its files: its folder is a private tmpfs of this size (where the kernel allows)
     output_bytes: int = 4096  # stdout + stderr kept; a program that writes more is stopped
     observation_chars: int = 512  # the observation keeps the output's head and tail within this many characters
+    landlock_abi: int = 0  # use no newer Landlock ABI than this (0: the kernel's); lower runs older kernels' paths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,10 +72,10 @@ def check_kernel() -> dict:
     if kernel["landlock_abi"] < 1:
         raise LockdownError("this kernel has no Landlock, so sandboxed programs could read and delete the host's "
                             "files: run on Linux >= 5.13 with landlock in its LSM list (cat /sys/kernel/security/lsm)")
-    if kernel["tmpfs"] and not _warned:
+    if kernel["namespaces"] and not _warned:
         _warned.append(True)
-        print(f"sandbox: no private tmpfs per program ({kernel['tmpfs']}); a program's files are bounded per file "
-              "(file_mb), not in all", file=sys.stderr)
+        print(f"sandbox: no private namespaces per program ({kernel['namespaces']}); a program's files are bounded "
+              "per file (file_mb), not in all", file=sys.stderr)
     return kernel
 
 
@@ -88,8 +89,8 @@ class SandboxPool:
         self.cfg = cfg
         self.kernel = check_kernel()
         self.root = tempfile.mkdtemp(prefix="trace-jax-sandbox-")
-        self.workers = WorkerPool("trace_jax.envs.math.sandbox_worker",
-                                  [self.root, ",".join(preload), str(cfg.disk_mb)], cfg.workers, cwd=self.root)
+        args = [self.root, ",".join(preload), str(cfg.disk_mb), str(cfg.landlock_abi)]
+        self.workers = WorkerPool("trace_jax.envs.math.sandbox_worker", args, cfg.workers, cwd=self.root)
 
     def run(self, cells: Sequence[str]) -> Result:
         """One program: `cells` run in order in one fresh process, the output of the last returned."""

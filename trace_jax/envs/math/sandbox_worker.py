@@ -1,13 +1,17 @@
-"""A sandbox worker: a pre-started process that runs programs, each in a freshly forked, locked-down child.
+"""A sandbox worker: a pre-started process that runs programs, each in a freshly forked, locked-down process.
 
-`python -I -m trace_jax.envs.math.sandbox_worker ROOT PRELOAD DISK_MB` reads one JSON request per line on stdin,
-{"cells": [source, ...], "cpu_s", "wall_s", "memory_mb", "file_mb", "output_bytes"}, and answers one JSON line
-on stdout, {"status", "output"}. Each child is forked ahead of its program, right after the previous answer is
-sent (a standby, its folder already a private tmpfs: `lockdown.enclose`), so no caller waits for a fork. On its
-request it locks itself down (`lockdown.confine`), runs the earlier cells silently, then the last one with its
-stdout and stderr captured: every cell sees the variables the earlier cells left. The worker itself never runs
-model-written code; it kills each child's whole process group when it ends, times out or writes too much, and
-deletes its folder. PRELOAD (comma-separated modules) is imported and warmed up once here, so children start warm.
+`python -I -m trace_jax.envs.math.sandbox_worker ROOT PRELOAD DISK_MB [LANDLOCK_ABI]` reads one JSON request per
+line on stdin, {"cells": [source, ...], "cpu_s", "wall_s", "memory_mb", "file_mb", "output_bytes"}, and answers one
+JSON line on stdout, {"status", "output"}. Each program's processes are forked ahead of it, right after the previous
+answer is sent, so no caller waits for a fork: a standby (its own namespaces, a private tmpfs on its folder, no
+capabilities, Landlock: `lockdown.enclose`), and the program's process it forks at once, which waits for its
+request. On the request that process locks itself down (`lockdown.confine`), runs the earlier cells silently, then
+the last one with its stdout and stderr captured: every cell sees the variables the earlier cells left. It holds no
+descriptor but its output and (until read) its request. The standby, which runs no model-written code, waits for
+it and reports its wait status on a pipe of its own: a program cannot forge how it ended. The worker kills each
+program's whole process group when it ends, times out or writes too much, and deletes its folder. PRELOAD
+(comma-separated modules) is imported and warmed up once here, so programs start warm. LANDLOCK_ABI > 0 caps the
+Landlock ABI used (an older kernel's path, for tests).
 """
 
 from __future__ import annotations
@@ -22,12 +26,13 @@ import os
 import select
 import shutil
 import signal
+import struct
 import sys
 import tempfile
 import time
 import traceback
 
-from trace_jax.envs.math.lockdown import confine, enclose, readable_roots
+from trace_jax.envs.math.lockdown import become_subreaper, confine, enclose, readable_roots
 
 EXIT_OK, EXIT_RAISED, EXIT_MEMORY, EXIT_LOCKDOWN = 0, 251, 252, 253  # what a program exits with by itself: "error"
 STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error")
@@ -67,25 +72,48 @@ def execute(cells: list[str]) -> int:
 
 @dataclasses.dataclass
 class Standby:
-    """A forked child waiting for its program: its pid, its folder and its three pipes."""
+    """A forked standby waiting for its program: its pid (its process group's), its folder and its three pipes."""
 
     pid: int
     folder: str
     request_fd: int  # the worker writes the request here, then closes it (-1 once closed)
-    output_fd: int  # the child's stdout and stderr
-    status_fd: int  # one byte, the exit code `execute` returned, written before the child closes its output
+    output_fd: int  # the program's stdout and stderr
+    status_fd: int  # the program's wait status (4 bytes), written by the standby once it has reaped the program
     reaped: bool = False
 
 
-def _child(folder: str, request_fd: int, output_fd: int, status_fd: int, disk_mb: int) -> None:
-    """The forked child: output to the pipe, its own session and tmpfs; then its request, locked down; never
-    returns. Its status byte and the end of its output come before its exit, whose teardown (a copy-on-write
-    image of the warm worker) the worker's answer does not wait for."""
+def close_descriptors(keep: set[int]) -> None:
+    """Closes every open descriptor of this process but those in keep."""
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) not in keep:
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed already
+                os.close(int(name))
+
+
+def _program(parent: int, folder: str, request_fd: int, mapped: int) -> None:
+    """The program's process: reads its request, locks itself down, runs it; never returns. Its exit status is
+    what `execute` returned; its output ends with it."""
+    try:
+        with os.fdopen(request_fd, "rb") as f:
+            request = json.loads(f.read())
+        confine(parent, mapped, request["cpu_s"], request["memory_mb"], request["file_mb"])
+        os.chdir(folder)  # after the tmpfs is mounted on it
+    except BaseException as exc:
+        os.write(2, f"sandbox error: {exc}".encode())
+        os._exit(EXIT_LOCKDOWN)
+    os._exit(execute(request["cells"]))
+
+
+def _standby(folder: str, request_fd: int, output_fd: int, status_fd: int, disk_mb: int, max_abi: int) -> None:
+    """The forked standby: output to the pipe, no other descriptor, its own session, namespaces and tmpfs; forks
+    the program's process, then reaps it and writes its wait status; never returns. Its own exit (the teardown of
+    its namespaces) comes after the status, which the worker's answer does not wait for."""
     try:
         os.dup2(output_fd, 1)
         os.dup2(output_fd, 2)
-        os.close(output_fd)
-        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        close_descriptors({0, 1, 2, request_fd, status_fd})
         os.setsid()
         os.environ.clear()
         os.environ.update(HOME=folder, TMPDIR=folder, LANG="C.UTF-8", PYTHONHASHSEED="0")
@@ -93,23 +121,25 @@ def _child(folder: str, request_fd: int, output_fd: int, status_fd: int, disk_mb
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past file_mb fails with EFBIG instead of killing
         sys.stdout = open(1, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
         sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
-        mapped = enclose(folder, disk_mb)
-        with os.fdopen(request_fd, "rb") as f:
-            request = json.loads(f.read())
-        confine(mapped, request["cpu_s"], request["memory_mb"], request["file_mb"])
-        os.chdir(folder)  # after the tmpfs is mounted on it
+        mapped = enclose(folder, disk_mb, max_abi)
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            os.close(status_fd)
+            _program(parent, folder, request_fd, mapped)
+        for fd in (request_fd, 1, 2):  # the program's output ends when the program does
+            os.close(fd)
+        _, wait_status = os.waitpid(pid, 0)
     except BaseException as exc:
-        os.write(2, f"sandbox error: {exc}".encode())
+        with contextlib.suppress(OSError):
+            os.write(2, f"sandbox error: {exc}".encode())
         os._exit(EXIT_LOCKDOWN)
-    code = execute(request["cells"])
-    os.write(status_fd, bytes([code]))
-    os.close(1)
-    os.close(2)
-    os._exit(code)
+    os.write(status_fd, struct.pack("i", wait_status))
+    os._exit(0)
 
 
-def spawn(root: str, disk_mb: int) -> Standby:
-    """The next child, forked now and waiting for its request."""
+def spawn(root: str, disk_mb: int, max_abi: int = 0) -> Standby:
+    """The next standby, forked now, its program's process waiting for the request."""
     folder = tempfile.mkdtemp(dir=root)
     request_r, request_w = os.pipe()
     output_r, output_w = os.pipe()
@@ -117,29 +147,27 @@ def spawn(root: str, disk_mb: int) -> Standby:
     sys.stdout.flush()
     pid = os.fork()
     if pid == 0:
-        for fd in (request_w, output_r, status_r):
-            os.close(fd)
-        _child(folder, request_r, output_w, status_w, disk_mb)
+        _standby(folder, request_r, output_w, status_w, disk_mb, max_abi)
     for fd in (request_r, output_w, status_w):
         os.close(fd)
     return Standby(pid, folder, request_w, output_r, status_r)
 
 
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-
-
 def reap(child: Standby) -> int:
-    """Kills what is left of child's process group and waits for it; its wait status."""
-    _kill_group(child.pid)
+    """Kills what is left of the standby's process group and waits for the standby; its wait status. A program's
+    process orphaned by its standby's death is the worker's (a subreaper): it is reaped here too, now or next time."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(child.pid, signal.SIGKILL)
     _, wait_status = os.waitpid(child.pid, 0)
     child.reaped = True
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
     return wait_status
 
 
 def finish(child: Standby) -> None:
-    """The child reaped, its pipes closed, its folder removed."""
+    """The standby reaped, its pipes closed, its folder removed."""
     if not child.reaped:
         reap(child)
     if child.request_fd >= 0:  # never sent a request (the worker is closing)
@@ -149,19 +177,23 @@ def finish(child: Standby) -> None:
     shutil.rmtree(child.folder, ignore_errors=True)
 
 
+def _answer(status: str, out: bytearray, cap: int) -> dict:
+    return {"status": status, "output": out[:cap].decode("utf-8", "replace")}
+
+
 def run(request: dict, child: Standby) -> dict:
-    """One program on the waiting child: {"status": one of STATUSES, "output": its stdout and stderr (capped)}."""
+    """One program on the waiting standby: {"status": one of STATUSES, "output": its stdout and stderr (capped)}."""
     deadline = time.monotonic() + request["wall_s"]
-    with contextlib.suppress(OSError):  # a child that died before reading: EPIPE
+    with contextlib.suppress(OSError):  # a standby that died before its program read: EPIPE
         os.write(child.request_fd, json.dumps(request).encode())
     os.close(child.request_fd)
-    child.request_fd = -1  # closed: its number may name the next child's pipe
-    cap, out, status = request["output_bytes"], bytearray(), None
+    child.request_fd = -1  # closed: its number may name the next standby's pipe
+    cap, out = request["output_bytes"], bytearray()
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            status = "timeout"
-            break
+            reap(child)
+            return _answer("timeout", out, cap)
         ready, _, _ = select.select([child.output_fd], [], [], left)
         if not ready:
             continue
@@ -170,31 +202,26 @@ def run(request: dict, child: Standby) -> dict:
             break
         out += chunk
         if len(out) > cap:
-            status = "output_limit"
-            break
-    if status is not None:  # stopped: timeout or output limit
-        reap(child)
-        return {"status": status, "output": out[:cap].decode("utf-8", "replace")}
+            reap(child)
+            return _answer("output_limit", out, cap)
     ready, _, _ = select.select([child.status_fd], [], [], max(deadline - time.monotonic(), 0))
     if not ready:  # its output closed, the program still running
         reap(child)
-        return {"status": "timeout", "output": out[:cap].decode("utf-8", "replace")}
-    written = os.read(child.status_fd, 1)  # empty when the program ended the process itself, or a signal did
-    if written:
-        code = written[0]
-    else:
-        wait_status = reap(child)
-        if os.WIFSIGNALED(wait_status):
-            sig = os.WTERMSIG(wait_status)
-            out += f"\n(stopped by {signal.Signals(sig).name})".encode()
-            return {"status": "timeout" if sig == signal.SIGXCPU else "killed",
-                    "output": out[:cap].decode("utf-8", "replace")}
-        code = os.WEXITSTATUS(wait_status)
+        return _answer("timeout", out, cap)
+    written = os.read(child.status_fd, 4)
+    # The program's wait status, as its standby saw it; none when the standby itself ended (it could not lock
+    # itself down, or was killed): then the standby's own.
+    wait_status = struct.unpack("i", written)[0] if len(written) == 4 else reap(child)
+    if os.WIFSIGNALED(wait_status):
+        sig = os.WTERMSIG(wait_status)
+        out += f"\n(stopped by {signal.Signals(sig).name})".encode()
+        return _answer("timeout" if sig == signal.SIGXCPU else "killed", out, cap)
+    code = os.WEXITSTATUS(wait_status)
     status = {EXIT_OK: "ok", EXIT_RAISED: "error", EXIT_MEMORY: "memory", EXIT_LOCKDOWN: "sandbox_error"}.get(
         code, "error")
     if status == "error" and code != EXIT_RAISED:
         out += f"\n(exited with code {code})".encode()
-    return {"status": status, "output": out[:cap].decode("utf-8", "replace")}
+    return _answer(status, out, cap)
 
 
 WARM_UP = {  # what a preloaded module imports lazily on first use, done once here so that no child pays for it
@@ -212,15 +239,17 @@ def main(argv: list[str]) -> None:
     readable_roots()  # computed once, inherited by every child
     gc.freeze()  # the warm objects stay out of the collector: children do not touch (copy) their pages for it
     disk_mb = int(argv[2]) if len(argv) > 2 else 64
+    max_abi = int(argv[3]) if len(argv) > 3 else 0
+    become_subreaper()  # a program's process whose standby is killed first is reparented here, not to init
     channel = sys.stdout
-    child = spawn(root, disk_mb)
+    child = spawn(root, disk_mb, max_abi)
     try:
         for line in sys.stdin:
             reply = run(json.loads(line), child)
             channel.write(json.dumps(reply) + "\n")
             channel.flush()
             finish(child)  # its exit and cleanup, and the next fork, after the answer is out
-            child = spawn(root, disk_mb)
+            child = spawn(root, disk_mb, max_abi)
     finally:
         finish(child)
 
