@@ -59,12 +59,13 @@ def victim():
     proc.wait()
 
 
-def battery(canary: Path, checkpoint: Path, port: int, victim: int, pids: list[int], abi: int
+def battery(canary: Path, checkpoint: Path, port: int, victim: int, pids: list[int], abi: int, private: bool
             ) -> list[tuple[str, str, set[str], str | tuple[str, ...]]]:
     """(name, program, allowed statuses, text its observation must hold, or texts one of which it must). pids: the
-    host's processes; abi: the Landlock ABI the sandbox uses."""
+    host's processes; abi: the Landlock ABI the sandbox uses; private: whether it has namespaces of its own."""
     new = canary.parent / "created_by_sandbox"
     trainer, uid = os.getpid(), os.getuid()
+    hidden = "No such file" if private else "Permission denied"  # /proc: covered, or closed by Landlock
     own = [
         ("infinite loop", "while True: pass", {"timeout"}, "Timeout"),
         ("sleep past the wall clock", "import time; time.sleep(60)", {"timeout"}, "Timeout"),
@@ -104,6 +105,12 @@ def battery(canary: Path, checkpoint: Path, port: int, victim: int, pids: list[i
         ("a 4 MB program", "s = '" + "x" * (4 << 20) + "'\nprint(len(s))", {"ok"}, str(4 << 20)),
         ("syntax error", "def f(:", {"error"}, "SyntaxError"),
         ("null bytes", "exec('\\x00')", {"error"}, "null bytes"),
+        ("many files in its folder", "import os\nfor i in range(20000): os.close(os.open(f'{i:0200}', os.O_CREAT))",
+         *(("error", "No space left") if private else ("ok", ""))),
+        ("many POSIX timers", "import ctypes\nlibc = ctypes.CDLL(None)\nevent = ctypes.create_string_buffer(64)\n"
+         "event[12] = 1\ntimer = ctypes.c_void_p()\nn = 0\n"
+         "while n < 1000 and libc.timer_create(1, event, ctypes.byref(timer)) == 0: n += 1\n"
+         "print('bounded' if n <= 16 else f'{n} timers')", {"ok"}, "bounded"),
         ("secrets in the environment", "import os; print(sorted(os.environ))", {"ok"},
          "['HOME', 'LANG', 'PYTHONHASHSEED', 'TMPDIR']"),
     ]
@@ -120,6 +127,21 @@ def battery(canary: Path, checkpoint: Path, port: int, victim: int, pids: list[i
         ("hard link outside", f"import os; os.link({str(canary)!r}, {str(new)!r})", {"error"}, "Permission denied"),
         ("list /", "import os; print(os.listdir('/'))", {"error"}, "Permission denied"),
         ("walk up", "import os; os.chdir('..'); print(os.listdir('.'))", {"error"}, "Permission denied"),
+        ("chmod a host file", f"import os; os.chmod({str(canary)!r}, 0o4777)", *DENIED),
+        ("utime a host file", f"import os; os.utime({str(canary)!r}, (0, 123456789))", *DENIED),
+        ("an extended attribute on a host file", f"import os; os.setxattr({str(canary)!r}, 'user.memo', b'x')",
+         *DENIED),
+        ("chmod a library file it may read", "import os; fd = os.open(os.__file__, os.O_RDONLY)\n"
+         "os.fchmod(fd, os.stat(fd).st_mode & 0o7777)", *DENIED),
+        ("inode flags of a library file", "import fcntl, os, struct; fd = os.open(os.__file__, os.O_RDONLY)\n"
+         "fcntl.ioctl(fd, 0x40086602, struct.pack('l', 0))", *DENIED),
+        ("a lease on a library file", "import fcntl, os; fd = os.open(os.__file__, os.O_RDONLY)\n"
+         "fcntl.fcntl(fd, 1024, fcntl.F_RDLCK)", *DENIED),
+        ("flock a library file", "import fcntl, os; fd = os.open(os.__file__, os.O_RDONLY)\n"
+         "fcntl.flock(fd, fcntl.LOCK_EX)", *DENIED),
+        ("inotify", "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True)\n"
+         "print(libc.inotify_init1(0), os.strerror(ctypes.get_errno()))", *REFUSED),
+        ("the host's mount table", f"{SYSCALL}sc(458, b'\\0' * 32, 0, 0, 0)", *REFUSED),
         ("chown, a capability", "import os; open('f', 'w').close(); os.chown('f', 1234, 1234)", {"error"},
          ("Operation not permitted", "Invalid argument")),  # EINVAL: 1234 is not mapped in a user namespace
         ("file handles", f"{SYSCALL}sc({NR.get('open_by_handle_at')}, -100, b'x' * 16, 0)", *REFUSED),
@@ -129,11 +151,17 @@ def battery(canary: Path, checkpoint: Path, port: int, victim: int, pids: list[i
         ("a user namespace", f"{SYSCALL}sc({NR.get('unshare')}, 0x10000000)", *REFUSED),
     ]
     processes = [
+        ("stat the host's processes", "import os\n"
+         f"print('seen', [p for p in {[1, victim, trainer]} + [os.getppid()] if os.path.exists(f'/proc/{{p}}')])",
+         {"ok"}, "seen []" if private else "seen"),
+        ("the standby's status pipe", "import os, struct\nopened = 0\nfor fd in range(64):\n    try:\n"
+         "        f = os.open(f'/proc/{os.getppid()}/fd/{fd}', os.O_WRONLY)\n"
+         "        os.write(f, struct.pack('i', 0))\n        opened += 1\n    except OSError:\n        pass\n"
+         "print('opened', opened)\nraise ValueError('its own end')", {"error"}, "opened 0"),
         ("the parent's environment", "import os; print(open(f'/proc/{os.getppid()}/environ').read())", {"error"},
-         "Permission denied"),
-        ("another process's memory", f"open('/proc/{victim}/mem', 'rb')", {"error"}, "Permission denied"),
-        ("another process's descriptors", f"import os; os.listdir('/proc/{victim}/fd')", {"error"},
-         "Permission denied"),
+         hidden),
+        ("another process's memory", f"open('/proc/{victim}/mem', 'rb')", {"error"}, hidden),
+        ("another process's descriptors", f"import os; os.listdir('/proc/{victim}/fd')", {"error"}, hidden),
         ("kill the worker", "import os, signal; os.kill(os.getppid(), signal.SIGKILL)", *DENIED),
         ("kill the trainer", f"import os, signal; os.kill({trainer}, signal.SIGKILL)", *DENIED),
         ("sigqueue", f"import ctypes, os; libc = ctypes.CDLL(None, use_errno=True)\n"
@@ -253,7 +281,11 @@ def run_battery(pool: SandboxPool, tmp_path: Path, victim: int, abi: int, timeou
     canary.write_text("keep me")
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_bytes(b"weights")
-    before = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.rglob("*") if p.is_file()}
+    def files() -> dict:  # content, mode, times and extended attributes of each file there
+        return {p: (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mode, p.stat().st_mtime_ns,
+                    os.listxattr(p)) for p in tmp_path.rglob("*") if p.is_file()}
+
+    before, library = files(), os.stat(os.__file__)
     project = tracked_files()
     watched = [victim, os.getpid(), *pool.workers.pids()]
     host = host_state(watched)
@@ -261,7 +293,7 @@ def run_battery(pool: SandboxPool, tmp_path: Path, victim: int, abi: int, timeou
     server = socket.create_server(("127.0.0.1", 0))  # a connection would be accepted if one got through
     server.settimeout(0.1)
     pids = [int(p.name) for p in Path("/proc").glob("[0-9]*")]
-    cases = battery(canary, checkpoint, server.getsockname()[1], victim, pids, abi)
+    cases = battery(canary, checkpoint, server.getsockname()[1], victim, pids, abi, pool.kernel["namespaces"] is None)
     cases = [c for c in cases if timeouts or "timeout" not in c[2]]
     assert len(cases) >= 60
 
@@ -275,8 +307,8 @@ def run_battery(pool: SandboxPool, tmp_path: Path, victim: int, abi: int, timeou
     assert "hunter2" not in "".join(r.output for r in results)
     with pytest.raises(TimeoutError):
         server.accept()
-    after = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.rglob("*") if p.is_file()}
-    assert after == before  # nothing created, changed or deleted outside the sandbox
+    assert files() == before  # nothing created, changed or deleted outside the sandbox
+    assert os.stat(os.__file__) == library
     assert tracked_files() == project
     assert host_state(watched) == host  # every process's limits, priority and scheduling, IPC, the hostname
     assert abs(time.time() - time.monotonic() - clock) < 5.0  # the clock was not set

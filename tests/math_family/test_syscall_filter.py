@@ -18,7 +18,10 @@ def test_the_numbers_are_the_kernels(arch):
     if not HEADERS[arch].exists():
         pytest.skip(f"no {HEADERS[arch]} on this machine (linux-libc-dev)")
     defined = {m[1]: int(m[2]) for m in re.finditer(r"#define __NR(?:3264)?_(\w+)\s+(\d+)", HEADERS[arch].read_text())}
-    assert {name: defined.get(name) for name in sf.NUMBERS[arch]} == sf.NUMBERS[arch]
+    known = {name: n for name, n in sf.NUMBERS[arch].items() if name in defined}
+    assert known == {name: defined[name] for name in known}
+    newer = {name: n for name, n in sf.NUMBERS[arch].items() if name not in defined}
+    assert all(n >= 424 for n in newer.values()), newer  # newer than these headers: the table both arches share
 
 
 def decide(prog: list[sf.Instruction], arch: str, nr: int, args: tuple[int, ...] = (), audit: int = 0) -> int:
@@ -56,11 +59,11 @@ def test_the_filter_decides_each_class(arch):
         for which, who, want in ((0, 0, sf.ALLOW), (0, PID, sf.ALLOW), (0, 1, sf.EPERM), (1, 0, sf.EPERM),
                                  (2, 0, sf.EPERM), (2, PID, sf.EPERM)):
             assert decide(prog, arch, nr[name], (which, who, 19)) == want, (name, which, who)
-    for cmd in (sf.F_SETOWN, sf.F_SETSIG, sf.F_SETOWN_EX):
+    for cmd in sf.FCNTL_DENIED:
         assert decide(prog, arch, nr["fcntl"], (3, cmd, PID + 1)) == sf.EPERM
     for cmd in (1, 2, 3, 4, 1030):  # F_GETFD, F_SETFD, F_GETFL, F_SETFL, F_DUPFD_CLOEXEC
         assert decide(prog, arch, nr["fcntl"], (3, cmd, 0)) == sf.ALLOW
-    for cmd in sf.IOCTL_OWNERS:
+    for cmd in sf.IOCTL_DENIED:
         assert decide(prog, arch, nr["ioctl"], (0, cmd, 0)) == sf.EPERM
     assert decide(prog, arch, nr["ioctl"], (0, 0x5401, 0)) == sf.ALLOW  # TCGETS: isatty
     others = {"x86_64": (0, 1, 9, 231), "aarch64": (63, 64, 222, 94)}[arch]  # read, write, mmap, exit_group

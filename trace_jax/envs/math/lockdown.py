@@ -36,7 +36,9 @@ _libc.syscall.restype = ctypes.c_long
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
 PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, PR_SET_PDEATHSIG, SECCOMP_MODE_FILTER = 38, 22, 1, 2
-PR_SET_CHILD_SUBREAPER = 36
+PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE = 36, 4
+MNT_DETACH, MS_RDONLY, MS_NOEXEC = 2, 1, 8
+FOLDER_INODES = 8192  # files and folders a program may create (each costs kernel memory no other limit counts)
 PR_CAPBSET_READ, PR_CAPBSET_DROP, PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 23, 24, 47, 4
 CAPABILITY_VERSION_3 = 0x20080522
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER = 0x20000, 0x08000000, 0x10000000
@@ -89,9 +91,16 @@ def private_namespaces(folder: str, disk_mb: int) -> str | None:
     if _libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None) < 0:
         return f"mount --make-rprivate /: {os.strerror(ctypes.get_errno())}"
     if _libc.mount(b"tmpfs", folder.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
-                   f"size={disk_mb}m,mode=700".encode()) < 0:
+                   f"size={disk_mb}m,nr_inodes={FOLDER_INODES},mode=700".encode()) < 0:
         return f"mount tmpfs: {os.strerror(ctypes.get_errno())}"
     return None
+
+
+def hide_proc() -> None:
+    """An empty, read-only tmpfs over /proc in this mount namespace: no host pid can even be stat'ed (Landlock
+    checks no stat). Only after `private_namespaces` succeeded; before Landlock."""
+    _check(_libc.mount(b"none", b"/proc", b"tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                       b"size=4k,nr_inodes=1,mode=555"), "mount tmpfs on /proc")
 
 
 def capability_sets() -> tuple[int, int, int]:
@@ -133,6 +142,9 @@ def set_limits(mapped: int, cpu_s: int, memory_mb: int, file_mb: int, open_files
     resource.setrlimit(resource.RLIMIT_NOFILE, (open_files,) * 2)
     for limit in (resource.RLIMIT_CORE, resource.RLIMIT_RTPRIO, resource.RLIMIT_NICE):
         resource.setrlimit(limit, (0, 0))
+    # Queued signals and POSIX timers count against the user's total (every process of root's, for root): a
+    # program may add to it only while that total is below 16.
+    resource.setrlimit(resource.RLIMIT_SIGPENDING, (16, 16))
 
 
 def _check(result: int, what: str) -> int:
@@ -191,11 +203,15 @@ def become_subreaper() -> None:
 
 def enclose(folder: str, disk_mb: int, max_abi: int = 0) -> int:
     """What the standby does before it forks the program's process: die with the worker that forked it, its own
-    namespaces and a private tmpfs on its folder (where the kernel allows: `probe` says), no capabilities,
-    Landlock. Its address space before any program (`set_limits`)."""
+    namespaces with a private tmpfs on its folder and /proc hidden (where the kernel allows: `probe` says), not
+    dumpable (its /proc entries closed to the program, which inherits this), no capabilities, Landlock. Its
+    address space before any program (`set_limits`)."""
     _check(_libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "prctl(PDEATHSIG)")
-    private_namespaces(folder, disk_mb)
+    private = private_namespaces(folder, disk_mb) is None
     mapped = mapped_bytes()
+    if private:
+        hide_proc()
+    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(DUMPABLE)")  # after the user namespace's maps
     drop_capabilities()
     restrict_files(folder, readable_roots(), max_abi)
     return mapped
@@ -221,6 +237,7 @@ def probe() -> dict:
     try:
         return {"landlock_abi": landlock_abi(), "namespaces": private_namespaces(folder, 1)}
     finally:
+        _libc.umount2(folder.encode(), MNT_DETACH)  # the tmpfs covers the folder: removed from below it
         shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -214,7 +214,8 @@ def run(request: dict, child: Standby) -> dict:
     wait_status = struct.unpack("i", written)[0] if len(written) == 4 else reap(child)
     if os.WIFSIGNALED(wait_status):
         sig = os.WTERMSIG(wait_status)
-        out += f"\n(stopped by {signal.Signals(sig).name})".encode()
+        name = signal.Signals(sig).name if sig in signal.valid_signals() else f"signal {sig}"
+        out += f"\n(stopped by {name})".encode()
         return _answer("timeout" if sig == signal.SIGXCPU else "killed", out, cap)
     code = os.WEXITSTATUS(wait_status)
     status = {EXIT_OK: "ok", EXIT_RAISED: "error", EXIT_MEMORY: "memory", EXIT_LOCKDOWN: "sandbox_error"}.get(

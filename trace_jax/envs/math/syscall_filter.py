@@ -10,6 +10,9 @@ older Landlock is as closed as a new one. What it denies, by class:
   get_robust_list but of itself (pid 0 or its own); getpriority / setpriority but PRIO_PROCESS of itself; scheduling
   policies, I/O priorities, page migration, perf events; setsid and setpgid (it stays in the group the worker kills);
   signal-on-I/O owners (fcntl F_SETOWN, F_SETOWN_EX, F_SETSIG; ioctl FIOSETOWN, SIOCSPGRP, TIOCSPGRP, TIOCSTI);
+  leases and flock (a host writer would wait on a library file it holds); inotify (it would see host folders);
+- the metadata of files it may read (Landlock checks none of these): chmod, chown, utimes, extended attributes and
+  ACLs, inode flags (FS_IOC_SETFLAGS, FS_IOC_FSSETXATTR); the host's mount table (statmount, listmount);
 - kernel objects that outlive it: System V shared memory, semaphores and message queues, POSIX message queues, keys,
   BPF, io_uring, userfaultfd, memfds (pages outside the address-space limit), fanotify;
 - the host: sockets, namespaces and every mount call (old and new API), chroot, modules, reboot, kexec, swap, the
@@ -44,8 +47,12 @@ _X86_64 = dict(
     vhangup=153, open_by_handle_at=304, name_to_handle_at=303, setuid=105, setgid=106, setreuid=113, setregid=114,
     setresuid=117, setresgid=119, setfsuid=122, setfsgid=123, setgroups=116, capget=125, capset=126,
     personality=135, uselib=134, lookup_dcookie=212, truncate=76,
+    chmod=90, fchmod=91, fchmodat=268, fchmodat2=452, chown=92, fchown=93, lchown=94, fchownat=260, utime=132,
+    utimes=235, futimesat=261, utimensat=280, setxattr=188, lsetxattr=189, fsetxattr=190, removexattr=197,
+    lremovexattr=198, fremovexattr=199, setxattrat=463, removexattrat=466, file_setattr=469, inotify_init=253,
+    inotify_init1=294, inotify_add_watch=254, statmount=457, listmount=458, flock=73,
 )
-_AARCH64 = dict(  # asm-generic numbers; aarch64 has no fork, vfork, iopl, ioperm or uselib
+_AARCH64 = dict(  # asm-generic numbers; aarch64 has no fork, vfork, iopl, ioperm, uselib, nor the non-*at file calls
     clone=220, clone3=435, execve=221, execveat=281, kill=129, tkill=130, tgkill=131, rt_sigqueueinfo=138,
     rt_tgsigqueueinfo=240, pidfd_open=434, pidfd_send_signal=424, pidfd_getfd=438, process_madvise=440,
     process_mrelease=448, ptrace=117, process_vm_readv=270, process_vm_writev=271, kcmp=272, prlimit64=261,
@@ -65,6 +72,9 @@ _AARCH64 = dict(  # asm-generic numbers; aarch64 has no fork, vfork, iopl, ioper
     open_by_handle_at=265, name_to_handle_at=264, setuid=146, setgid=144, setreuid=145, setregid=143,
     setresuid=147, setresgid=149, setfsuid=151, setfsgid=152, setgroups=159, capget=90, capset=91,
     personality=92, lookup_dcookie=18, truncate=45,
+    fchmod=52, fchmodat=53, fchmodat2=452, fchown=55, fchownat=54, utimensat=88, setxattr=5, lsetxattr=6,
+    fsetxattr=7, removexattr=14, lremovexattr=15, fremovexattr=16, setxattrat=463, removexattrat=466,
+    file_setattr=469, inotify_init1=26, inotify_add_watch=27, statmount=457, listmount=458, flock=32,
 )
 NUMBERS = {"x86_64": _X86_64, "aarch64": _AARCH64}  # checked against the kernel headers in the tests
 
@@ -72,8 +82,10 @@ SELF_ONLY = ("tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")  # first argument
 SELF_OR_ZERO = ("prlimit64", "sched_setaffinity", "sched_getaffinity", "sched_getscheduler", "sched_getparam",
                 "sched_getattr", "sched_rr_get_interval", "getpgid", "getsid", "get_robust_list")  # pid 0: itself
 PRIORITY = ("getpriority", "setpriority")  # (which, who): PRIO_PROCESS (0) of pid 0 or its own
-F_SETOWN, F_SETSIG, F_SETOWN_EX = 8, 10, 15
-IOCTL_OWNERS = (0x8901, 0x8902, 0x5410, 0x5412)  # FIOSETOWN, SIOCSPGRP, TIOCSPGRP, TIOCSTI
+F_SETOWN, F_SETSIG, F_SETOWN_EX, F_SETLEASE = 8, 10, 15, 1024
+FCNTL_DENIED = (F_SETOWN, F_SETSIG, F_SETOWN_EX, F_SETLEASE)
+IOCTL_DENIED = (0x8901, 0x8902, 0x5410, 0x5412,  # FIOSETOWN, SIOCSPGRP, TIOCSPGRP, TIOCSTI
+                0x40086602, 0x401C5820)  # FS_IOC_SETFLAGS, FS_IOC_FSSETXATTR
 DENIED = tuple(n for n in _X86_64 if n not in (*SELF_ONLY, *SELF_OR_ZERO, *PRIORITY, "fcntl", "ioctl"))
 
 _LD, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
@@ -114,6 +126,6 @@ def program(arch: str, pid: int) -> list[Instruction]:
     for name in PRIORITY:
         who = _arg_in(1, (0, pid), ALLOW, EPERM)
         prog += _on(nr[name], [_arg(0), (_JEQ, 0, len(who), 0), *who, (_RET, 0, 0, EPERM)])
-    prog += _on(nr["fcntl"], _arg_in(1, (F_SETOWN, F_SETSIG, F_SETOWN_EX), EPERM, ALLOW))
-    prog += _on(nr["ioctl"], _arg_in(1, IOCTL_OWNERS, EPERM, ALLOW))
+    prog += _on(nr["fcntl"], _arg_in(1, FCNTL_DENIED, EPERM, ALLOW))
+    prog += _on(nr["ioctl"], _arg_in(1, IOCTL_DENIED, EPERM, ALLOW))
     return [*prog, (_RET, 0, 0, ALLOW)]
