@@ -1,15 +1,17 @@
 """What a sandboxed program's process may do, set by the processes on themselves before model-written code runs.
 
-Five kernel mechanisms, each closing what the others leave open (Linux only). `sandbox_worker` calls `enclose` in
+Six kernel mechanisms, each closing what the others leave open (Linux only). `sandbox_worker` calls `enclose` in
 each standby it forks (the program's parent, which never runs model code), then `confine` in the program's own
 process, forked from the standby, once it has read its program:
 - namespaces: a mount namespace with a private tmpfs of disk_mb on the program's folder, so its files live and die
-  with it and cannot fill the host's disk, and an IPC namespace, so no System V object outlives it (a user
-  namespace too when not root); where the kernel refuses namespaces (`private_namespaces` says why), the folder
-  stays on disk and only each file's size is bounded;
+  with it and cannot fill the host's disk, and an empty one over /proc, and an IPC namespace, so no System V object
+  outlives it (a user namespace too when not root); where the kernel refuses namespaces (`private_namespaces` says
+  why), the folder stays on disk and only each file's size is bounded;
 - capabilities: none, root included (bounding set dropped where it may be, then effective, permitted, inheritable
   and ambient sets cleared, and checked empty), with no_new_privs;
-- rlimits: CPU seconds, address space, file size, open files, no core dumps, no real-time or raised priority;
+- the standby not dumpable, so that the program cannot reach its descriptors through /proc;
+- rlimits: CPU seconds, address space, file size, open files, no core dumps, no real-time or raised priority, 16
+  pending signals;
 - Landlock (kernel >= 5.13): reads only below the Python installation's library folders, reads and writes only
   below the program's private folder (truncate from ABI 3); no TCP (ABI >= 4); no signals to, nor abstract
   sockets of, processes outside the sandbox (ABI >= 6);
