@@ -336,6 +336,11 @@ def test_each_hostile_program_gets_its_observation_and_leaves_the_host_as_it_was
     run_battery(pool, tmp_path, victim, landlock_abi())
 
 
+def test_a_negative_landlock_abi_is_named():
+    with pytest.raises(ValueError, match="landlock_abi=-1"):
+        SandboxConfig(landlock_abi=-1)
+
+
 @pytest.mark.parametrize("abi", [1, 2, 3, 4, 5])
 def test_the_battery_holds_where_landlock_is_older(abi, tmp_path, victim):
     """Each older kernel's path: Landlock forced down to ABI abi, seccomp denying what it no longer stops."""

@@ -35,6 +35,11 @@ class SandboxConfig:
     observation_chars: int = 512  # the observation keeps the output's head and tail within this many characters
     landlock_abi: int = 0  # use no newer Landlock ABI than this (0: the kernel's); lower runs older kernels' paths
 
+    def __post_init__(self) -> None:
+        if self.landlock_abi < 0:
+            raise ValueError(f"task.sandbox.landlock_abi={self.landlock_abi}: use 0 (the kernel's ABI) or a Landlock "
+                             "ABI version from 1 up")
+
 
 @dataclasses.dataclass(frozen=True)
 class Result:
