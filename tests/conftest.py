@@ -83,6 +83,14 @@ LONGEST = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker more than the cores (at most --maxprocesses). Many tests wait on processes of their
+    own (the notebooks' kernels, killed runs, sandbox workers, retrievers), which leaves a core idle with one
+    worker per core; docs/measurements/test_suite.md has the figures."""
+    return len(os.sched_getaffinity(0)) + 1
+
+
 @pytest.hookimpl(trylast=True)  # after `-m` deselected the slow tests: the shares are of what runs
 def pytest_collection_modifyitems(config, items):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))  # set in xdist's workers, which collect

@@ -33,11 +33,13 @@ V_SPECIAL = [0.0, 1.0, 0.5, 0.1, 0.9, 0.25, 0.75]
 
 
 def as_solved(x: np.ndarray) -> np.ndarray:
-    """Readings as the solvers take them: NaN as 0 (q: as 1), within SATURATION of 0 or 1 as exactly that, and
-    readings of nothing but saturated ones as 0.5 everywhere (the uninformed spread)."""
-    x = np.clip(np.nan_to_num(np.asarray(x, np.float64)), 0.0, 1.0)
-    x = np.where(np.minimum(x, 1 - x) < SATURATION, np.round(x), x)
-    return np.full_like(x, 0.5) if (np.minimum(x, 1 - x) == 0).all() else x
+    """Readings as the solvers take them: NaN as 0 (q: as 1), within SATURATION of 0 or 1 as exactly that (compared
+    in float32: float32(1e-4) itself is not saturated), and readings of nothing but saturated ones as 0.5 everywhere
+    (the uninformed spread)."""
+    x = np.clip(np.nan_to_num(np.asarray(x, np.float32)), 0.0, 1.0)
+    saturated = np.minimum(x, 1 - x) < np.float32(SATURATION)  # in float32, as the solvers decide it
+    x = np.where(saturated, np.round(x), x).astype(np.float64)
+    return np.full_like(x, 0.5) if saturated.all() else x
 
 
 def stage1_value(v: np.ndarray, m: np.ndarray) -> np.ndarray:
@@ -110,9 +112,11 @@ def check_root_counts(v: np.ndarray, m: np.ndarray, num_roots: int) -> None:
     assert abs(stage1_value(as_solved(v), m) - optimum(as_solved(v), num_roots)) <= 1e-5
 
 
-@pytest.mark.parametrize("v, num_roots", [([0.16] * 7 + [0.56] * 3, 16), ([0.6633085] * 12, 9), ([0.16] * 7, 8)])
+@pytest.mark.parametrize("v, num_roots", [([0.16] * 7 + [0.56] * 3, 16), ([0.6633085] * 12, 9), ([0.16] * 7, 8),
+                                          ([1e-4] + [0.0] * 63, 8)])
 def test_root_counts_float32_regressions(v, num_roots):
-    """Pools where float32 rounding broke the old concave-envelope + bounded-repair solver (eager or jitted)."""
+    """Pools where float32 rounding broke the old concave-envelope + bounded-repair solver (eager or jitted), and
+    one reading at float32(SATURATION), which is informed (the reference once decided it in float64)."""
     v = np.asarray(v, np.float32)
     check_root_counts(v, np.asarray(root_counts(jnp.asarray(v), num_roots)), num_roots)
     check_root_counts(v, np.asarray(root_counts_jit(jnp.asarray(v), num_roots)), num_roots)
