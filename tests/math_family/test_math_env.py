@@ -48,6 +48,25 @@ def code(src):
     return f"Compute.\n```python\n{src}\n```\n"
 
 
+def test_the_parent_and_its_forks_print_what_the_anchor_printed(tools):
+    """An anchor's cell draws from `random` and reads the clock; the parent's next turn and two forks of the anchor
+    (served by both workers) print the values the anchor printed."""
+    env = make_env(tools)
+    env.obs_len, env._room = 512, 480  # room for the whole line
+    anchor = code("import random, time\nx, t = random.random(), time.time()\nprint(x, t)")
+    (printed,), _, _ = turn(env, [(0, [], anchor)])
+    texts, _, _ = turn(env, [(0, [anchor], code("print(x, t)"))] * 3)
+    assert texts == [printed] * 3 and env.diverged == 0
+
+
+def test_the_cache_holds_a_recipes_step():
+    """Every history a step stores stays in the cache to the step's end: the math recipes' stage 1 (M = 1024
+    roots, 5 turns) and their continuations (N = 2 per root)."""
+    from trace_jax.envs.math.env import cache_size
+
+    assert cache_size(1024 * (1 + 2), 5) >= 1024 * 3 * 5 and cache_size(4, 2) == 4096
+
+
 @pytest.mark.parametrize("cache_size", [4096, 0], ids=["snapshots", "replay"])
 def test_a_fork_sees_the_interpreter_state_at_its_anchor(tools, cache_size):
     env = make_env(tools, cache_size)

@@ -88,9 +88,11 @@ def battery(canary: Path, checkpoint: Path, port: int, victim: int, pids: list[i
         ("forge its status on inherited descriptors", "import os, struct\nfor fd in range(3, 1024):\n    try:\n"
          "        os.write(fd, struct.pack('i', 0))\n    except OSError:\n        pass\nos._exit(9)",
          {"error"}, "exited with code 9"),
-        ("descriptors it inherited", "import os\nfds = []\nfor fd in range(3, 1024):\n    try:\n"
-         "        os.fstat(fd)\n        fds.append(fd)\n    except OSError:\n        pass\nprint('fds', fds)",
-         {"ok"}, "fds []"),
+        ("descriptors it inherited: its record pipe's write end alone",
+         "import fcntl, os, stat\nfds = []\nfor fd in range(3, 1024):\n    try:\n"
+         "        fds.append((stat.S_ISFIFO(os.fstat(fd).st_mode), fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE"
+         " == os.O_WRONLY))\n    except OSError:\n        pass\nprint('fds', fds)",
+         {"ok"}, "fds [(True, True)]"),
         ("closing its output, then looping", "import os\nos.close(1); os.close(2)\nwhile True: pass", {"timeout"},
          "Timeout"),
         ("megabytes of output", "print('x' * 10**7)", {"output_limit"}, "Output limit"),
@@ -310,7 +312,8 @@ def run_battery(pool: SandboxPool, tmp_path: Path, victim: int, abi: int, timeou
     assert files() == before  # nothing created, changed or deleted outside the sandbox
     assert os.stat(os.__file__) == library
     assert tracked_files() == project
-    assert host_state(watched) == host  # every process's limits, priority and scheduling, IPC, the hostname
+    after = host_state(watched)  # every process's limits, priority and scheduling, IPC, the hostname
+    assert after == host, {k: (host[k], after.get(k)) for k in host if after.get(k) != host[k]}
     assert abs(time.time() - time.monotonic() - clock) < 5.0  # the clock was not set
     assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] > 64  # the trainer's own limits, as they were
     # A worker cleans up and forks its next standby after it answers, so on a loaded machine the last programs' may
@@ -329,7 +332,7 @@ def run_battery(pool: SandboxPool, tmp_path: Path, victim: int, abi: int, timeou
     assert settled(folders_left), list(Path(pool.root).rglob("*"))
     assert settled(waiting), children_of(pool.workers.pids())
     assert pool.workers.restarts == 0  # no program could take its worker down
-    assert pool.run(["print(6 * 7)"]) == Result("ok", "42\n")
+    assert said(pool.run(["print(6 * 7)"])) == ("ok", "42\n")
 
 
 def test_each_hostile_program_gets_its_observation_and_leaves_the_host_as_it_was(pool, tmp_path, victim):
@@ -352,9 +355,66 @@ def test_the_battery_holds_where_landlock_is_older(abi, tmp_path, victim):
 
 def test_cells_see_the_earlier_cells_variables_and_only_the_last_cell_speaks(pool):
     cells = ["x = 5\nprint('not shown')", "y = undefined_name", "y = x * 2", "print(x + y)"]
-    assert pool.run(cells) == Result("ok", "15\n")
-    assert pool.run(["import sympy as sp", "print(sp.factorint(360))"]) == Result("ok", "{2: 3, 3: 2, 5: 1}\n")
+    assert said(pool.run(cells)) == ("ok", "15\n")
+    assert said(pool.run(["import sympy as sp", "print(sp.factorint(360))"])) == ("ok", "{2: 3, 3: 2, 5: 1}\n")
     assert pool.run(["z = 1", "print(z / 0)"]).output == "line 1: ZeroDivisionError: division by zero\n"
+
+
+def said(result: Result) -> tuple[str, str]:
+    return result.status, result.output
+
+
+def test_a_replay_reproduces_what_its_cells_printed_on_every_worker(pool):
+    """`random`, numpy's generator, the time module's clocks and a set's order: replayed on both workers (a parent
+    and its forks), the earlier cell prints what it printed when it ran, so the last sees those values."""
+    anchor = ("import random, time\nimport numpy as np\nx, y = random.random(), np.random.rand()\n"
+              "t, n = time.time(), time.perf_counter_ns()\nprint(x, y, t, n, {'ab', 'cd', 'ef', 'gh', 'ij'})")
+    ran = pool.run([anchor])
+    assert ran.status == "ok" and len(ran.clock) == 2 and ran.diverged == -1
+    again = "print(x, y, t, n, {'ab', 'cd', 'ef', 'gh', 'ij'})"
+    results = pool.run_many([[anchor, again]] * 4, [[ran]] * 4)
+    assert [said(r) for r in results] == [("ok", ran.output)] * 4 and all(r.diverged == -1 for r in results)
+    # unchecked, the replay reads the real clock: what the earlier cell left is not what it printed
+    assert pool.run([anchor, again]).output != ran.output
+
+
+def test_a_replay_that_prints_otherwise_is_reported(pool):
+    key = pool.run(["import os\nk = os.urandom(8).hex()\nprint(k)"])
+    got = pool.run(["import os\nk = os.urandom(8).hex()\nprint(k)", "print(len(k))"], [key])
+    assert said(got) == ("ok", "16\n") and got.diverged == 0
+    assert observation(got, CFG).startswith("Note: re-run to restore this cell's variables, cell 1 printed otherwise")
+    # a traceback is part of what a cell printed: a replay that raises where the cell did not has diverged
+    ok = pool.run(["v = 1"])
+    assert pool.run(["v = 1 / 0", "print(2)"], [ok]).diverged == 0
+    raised = pool.run(["v = 1 / 0"])
+    assert raised.status == "error" and pool.run(["v = 1 / 0", "print(2)"], [raised]).diverged == -1
+
+
+def test_replayed_cells_are_not_charged_to_the_limits(pool):
+    """Three cells each of about 0.4 s CPU and 0.75 s wall: the third program replays two of them, 1.2 s CPU and
+    2.25 s in all, past its 1 s and 2 s limits, and still runs its cell under them."""
+    n, start = 200_000, time.process_time()
+    while time.process_time() - start < 0.1:
+        n *= 2
+        start = time.process_time()
+        sum(i * i for i in range(n))
+    seconds = time.process_time() - start
+    cell = f"import time\nsum(i * i for i in range({int(n * 0.4 / seconds)}))\ntime.sleep(0.35)\nprint('done')"
+    ran = []
+    for k in range(1, 4):
+        result = pool.run([cell] * k, ran)
+        assert said(result) == ("ok", "done\n"), (k, result)
+        ran.append(result)
+    assert ran[-1].seconds > CFG.wall_s
+
+
+def test_a_program_cannot_break_its_record(pool):
+    """A program that writes junk on every descriptor it may hold (the record pipe among them) gets its answer,
+    with an empty record: what it forges decides nothing but its own episode's replays."""
+    junk = ("import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'{\"clock\": [1e308, \"x\"], "
+            "\"diverged\": 99}')\n    except OSError:\n        pass\nprint('wrote')")
+    got = pool.run([junk])
+    assert said(got) == ("ok", "wrote\n") and got.clock == () and got.diverged == -1
 
 
 def test_programs_run_concurrently_and_answer_in_order(pool):
@@ -373,7 +433,7 @@ def test_a_worker_that_dies_costs_its_program_alone(pool):
     assert [r.status for r in results] == ["sandbox_error"] * 2
     assert "worker died" in observation(results[0], CFG)
     assert pool.workers.restarts >= 2 and sorted(pool.workers.pids()) != sorted(victim)
-    assert pool.run(["print('still serving')"]) == Result("ok", "still serving\n")
+    assert said(pool.run(["print('still serving')"])) == ("ok", "still serving\n")
 
 
 def test_sandbox_run_prints_what_the_policy_would_read(tmp_path, capsys):

@@ -8,8 +8,11 @@ the last box after the last `</think>`). After max_tool_calls blocks, the next t
 holds.
 
 Stateful (`HostEnv.stateful`): an episode's interpreter state is the cells of its earlier turns that ran to their
-end or raised (a cell stopped by a limit is left out of later replays), kept per (question, actions so far) by
-`StatefulHostEnv`; a fork mid-episode replays exactly its anchor's cells.
+end or raised (a cell stopped by a limit is left out of later replays), each with the `Result` it got, kept per
+(question, actions so far) by `StatefulHostEnv`; a fork mid-episode replays exactly its anchor's cells, which
+reproduce what they printed (their clock readings replayed, the same seeds on every worker) or are reported in the
+observation and counted (`diverged`). The snapshot cache holds a whole step's histories (`cache_size`), so no
+anchor is rebuilt from a replay of its turns, whose results would be new ones.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from trace_jax.envs.math.config import MathConfig
-from trace_jax.envs.math.sandbox import SandboxPool, observation
+from trace_jax.envs.math.sandbox import Result, SandboxPool, observation
 from trace_jax.envs.math.verifier import Verifier
 from trace_jax.envs.stateful import StatefulHostEnv
 
@@ -45,13 +48,23 @@ def code_of(text: str) -> str | None:
     return blocks[-1] if blocks else None
 
 
+State = list[tuple[str, Result]]  # the cells kept so far and the results they got when they ran
+
+
+def cache_size(slots: int, max_turns: int) -> int:
+    """Snapshots kept for a step whose rollouts fill `slots` slots (roots and continuations) of up to max_turns
+    turns each: every history the step stores, twice over (an evaluation between steps, a chunked step)."""
+    return max(4096, 2 * slots * max_turns)
+
+
 class MathEnv(StatefulHostEnv):
     """Batched over slots; question ids index `answers`. A turn's programs run concurrently in `sandbox`; the
-    episodes that answer are graded together by `verifier`."""
+    episodes that answer are graded together by `verifier`. `diverged`: programs whose replay printed otherwise."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, answers: Sequence[str], cfg: MathConfig,
                  sandbox: SandboxPool, verifier: Verifier, cache_size: int = 4096):
         super().__init__(cache_size)
+        self.diverged = 0
         self.tokenizer, self.answers, self.cfg = tokenizer, list(answers), cfg
         self.sandbox, self.verifier = sandbox, verifier
         self._grader = ThreadPoolExecutor(1, thread_name_prefix="math-verifier")
@@ -67,10 +80,10 @@ class MathEnv(StatefulHostEnv):
                              f"({len(self._open) + len(self._close)} tokens)")
 
     # StatefulHostEnv: the state is the list of cells a later cell replays
-    def fresh(self, question: int) -> list[str]:
+    def fresh(self, question: int) -> State:
         return []
 
-    def act(self, state: list[str], question: int, turn: int, action: np.ndarray) -> tuple[np.ndarray, float, bool]:
+    def act(self, state: State, question: int, turn: int, action: np.ndarray) -> tuple[np.ndarray, float, bool]:
         """One slot's turn alone (the replay path; `step` batches the same logic)."""
         (obs, reward, done, after), = self._turns([state], [question], [turn], [action], [[]])
         state[:] = after
@@ -79,16 +92,16 @@ class MathEnv(StatefulHostEnv):
     def error_observation(self, exc: Exception) -> np.ndarray:
         return np.asarray(self._wrap(f"Sandbox error: {type(exc).__name__}"), np.int32)
 
-    def snapshot(self, state: list[str]) -> list[str]:
+    def snapshot(self, state: State) -> State:
         return list(state)
 
     def _wrap(self, text: str) -> list[int]:
         body = self.tokenizer.encode(text, add_special_tokens=False)[: self._room]
         return self._open + body + self._close
 
-    def _turns(self, states: list[list[str]], questions: Sequence[int], turns: Sequence[int],
+    def _turns(self, states: list[State], questions: Sequence[int], turns: Sequence[int],
                actions: Sequence[np.ndarray], pasts: Sequence[Sequence[np.ndarray]]
-               ) -> list[tuple[np.ndarray, float, bool, list[str]]]:
+               ) -> list[tuple[np.ndarray, float, bool, State]]:
         """Several slots' turns, their code run together, their answers graded together: per slot (observation ids,
         reward, done, the state after the turn). pasts: each slot's earlier actions, graded with its answer (`act`,
         the replay path, passes none: a replayed turn ran code, so it grades nothing)."""
@@ -100,7 +113,8 @@ class MathEnv(StatefulHostEnv):
                                                skip_special_tokens=True)  # as `evaluate_qa.responses` decodes them
         graded = self._grader.submit(self.verifier.scores, [self.answers[questions[i]] for i in answering],
                                      episodes)  # the verifier's processes work while the
-        results = dict(zip(runs, self.sandbox.run_many([[*states[i], codes[i]] for i in runs])))  # sandbox's do
+        results = dict(zip(runs, self.sandbox.run_many([[*(c for c, _ in states[i]), codes[i]] for i in runs],
+                                                       [[r for _, r in states[i]] for i in runs])))  # sandbox's do
         scores = dict(zip(answering, graded.result()))
         out = []
         for i in range(len(actions)):
@@ -108,7 +122,8 @@ class MathEnv(StatefulHostEnv):
                 out.append((np.zeros(0, np.int32), scores[i], True, states[i]))
                 continue
             result = results[i]
-            after = [*states[i], codes[i]] if result.status in KEPT else states[i]
+            self.diverged += result.diverged >= 0
+            after = [*states[i], (codes[i], result)] if result.status in KEPT else states[i]
             out.append((np.asarray(self._wrap(observation(result, self.cfg.sandbox)), np.int32), 0.0, False, after))
         return out
 

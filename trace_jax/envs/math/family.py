@@ -22,7 +22,7 @@ from trace_jax.envs import hf_policy
 from trace_jax.envs.family import Evaluation, Family, TurnShape, jsonl_rows, task_section
 from trace_jax.envs.math.config import MathConfig
 from trace_jax.envs.math.dataset import FORMATS, build_problems, read_problems
-from trace_jax.envs.math.env import MathEnv, prompt_ids
+from trace_jax.envs.math.env import MathEnv, cache_size, prompt_ids
 from trace_jax.envs.math.sandbox import SandboxPool
 from trace_jax.envs.math.verifier import Verifier, answer_of
 from trace_jax.evaluate_qa import episodes, responses
@@ -83,7 +83,8 @@ class MathTask(hf_policy.HFTask):
         if self.skipped:
             print(f"math: skipped {self.skipped} problems longer than task.prompt_len={m.prompt_len} tokens")
         self.sandbox, self.verifier = shared_tools(m)
-        self.env = MathEnv(self.tokenizer, self.answers, m, self.sandbox, self.verifier)
+        self.env = MathEnv(self.tokenizer, self.answers, m, self.sandbox, self.verifier,
+                           cache_size(cfg.roots * (1 + cfg.continuations), m.max_turns))
         print(f"math: {len(self.train.ids)} training problems, evaluation sets {list(self.evals)}")
 
     @property

@@ -1,7 +1,10 @@
 """The math family's code interpreter: a pool of pre-started sandbox workers (`sandbox_worker`), from the trainer.
 
 `SandboxPool.run_many` serves a turn's programs concurrently, one per worker at a time; each program is a list
-of cells, the earlier ones replayed silently so the last sees their variables. Whatever a program does (raises,
+of cells, the earlier ones replayed silently so the last sees their variables. Given the results the earlier cells
+got when they ran, a replay reproduces them (their clock readings replayed, the same seeds on every worker), is
+checked against them (`Result.diverged`: the first earlier cell that printed otherwise), and is not charged to the
+limits (`replay_budget`). Whatever a program does (raises,
 loops, allocates, forks, opens sockets, deletes files, prints megabytes, kills its worker) ends as a `Result` for
 that program alone: the pool restarts a dead worker and goes on. `observation` turns a result into the text the
 policy reads.
@@ -27,7 +30,7 @@ PRELOAD = ("math", "fractions", "itertools", "functools", "collections", "numpy"
 class SandboxConfig:
     workers: int = 0  # pre-started worker processes (0: one per CPU core)
     cpu_s: int = 5  # CPU seconds a program may use
-    wall_s: float = 10.0  # wall-clock seconds a program may take (replayed cells included)
+    wall_s: float = 10.0  # wall-clock seconds a program's last cell may take (its replay of earlier ones aside)
     memory_mb: int = 512  # address space a program may add beyond its warm start
     file_mb: int = 16  # size of any file it writes in its private folder
     disk_mb: int = 64  # all of its files: its folder is a private tmpfs of this size (where the kernel allows)
@@ -45,6 +48,18 @@ class SandboxConfig:
 class Result:
     status: str  # ok, error, timeout, memory, output_limit, killed, sandbox_error (sandbox_worker.STATUSES)
     output: str  # what the program printed (stdout and stderr interleaved), capped at output_bytes
+    seconds: float = 0.0  # its wall time, replay included, as the worker measured it
+    clock: tuple[float, ...] = ()  # the time module's readings its last cell took (replayed in later programs)
+    diverged: int = -1  # the first earlier cell whose replay printed otherwise than its result (-1: none)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "clock", tuple(self.clock))
+
+
+def replay_budget(ran: Sequence[Result]) -> float:
+    """Seconds added to a program's CPU and wall limits for replaying the cells whose results are `ran`: twice
+    the wall time of the program that ran the last of them (it replayed the others), and a second."""
+    return 2.0 * ran[-1].seconds + 1.0 if ran else 0.0
 
 
 def observation(result: Result, cfg: SandboxConfig) -> str:
@@ -63,6 +78,9 @@ def observation(result: Result, cfg: SandboxConfig) -> str:
     }.get(result.status)
     if note:
         text = f"{text}\n{note}" if text else note
+    if result.diverged >= 0:
+        text = (f"Note: re-run to restore this cell's variables, cell {result.diverged + 1} printed otherwise than it "
+                f"did, so they may differ from what you saw.\n{text}")
     return text or "(no output)"
 
 
@@ -97,17 +115,26 @@ class SandboxPool:
         args = [self.root, ",".join(preload), str(cfg.disk_mb), str(cfg.landlock_abi)]
         self.workers = WorkerPool("trace_jax.envs.math.sandbox_worker", args, cfg.workers, cwd=self.root)
 
-    def run(self, cells: Sequence[str]) -> Result:
-        """One program: `cells` run in order in one fresh process, the output of the last returned."""
-        return self.run_many([cells])[0]
+    def run(self, cells: Sequence[str], ran: Sequence[Result] | None = None) -> Result:
+        """One program: `cells` run in order in one fresh process, the output of the last returned; `ran`: the
+        results the earlier cells got when they ran, which their replay reproduces and is checked against."""
+        return self.run_many([cells], None if ran is None else [ran])[0]
 
-    def run_many(self, programs: Sequence[Sequence[str]]) -> list[Result]:
-        """Each program on the next free worker, concurrently; results in the programs' order."""
+    def run_many(self, programs: Sequence[Sequence[str]], ran: Sequence[Sequence[Result]] | None = None
+                 ) -> list[Result]:
+        """Each program on the next free worker, concurrently; results in the programs' order. ran: per program,
+        its earlier cells' results (`run`), or None to replay them unchecked."""
         c = self.cfg
         requests = [dict(cells=list(cells), cpu_s=c.cpu_s, wall_s=c.wall_s, memory_mb=c.memory_mb,
                          file_mb=c.file_mb, output_bytes=c.output_bytes) for cells in programs]
+        for request, earlier in zip(requests, ran or ()):
+            if len(earlier) != len(request["cells"]) - 1:
+                raise ValueError(f"{len(earlier)} results for the {len(request['cells']) - 1} earlier cells")
+            request.update(expected=[r.output for r in earlier], clocks=[list(r.clock) for r in earlier],
+                           replay_s=replay_budget(earlier))
         died = lambda _: {"status": "sandbox_error", "output": "the sandbox worker died"}
-        return [Result(**a) for a in self.workers.ask_many(requests, c.wall_s + 30.0, died)]
+        budget = max((r.get("replay_s", 0.0) for r in requests), default=0.0)
+        return [Result(**a) for a in self.workers.ask_many(requests, c.wall_s + budget + 30.0, died)]
 
     def close(self) -> None:
         self.workers.close()

@@ -1,9 +1,9 @@
 """Pre-started worker processes that answer JSON requests, one at a time each, under a per-request timeout.
 
-The sandbox (`sandbox.py`) and the verifier (`verifier.py`) run their work in such workers: model-written code and
-a symbolic comparison that may never end both stay out of the trainer, and a worker that dies or hangs is killed,
-answered for, and replaced. A worker is `python -I -m MODULE ARGS...` reading one JSON request per line on stdin
-and writing one JSON answer per line on stdout.
+The sandbox (`sandbox.py`) and the verifier (`verifier.py`) run their work in such workers: model-written code and a
+symbolic comparison that may never end both stay out of the trainer, and a worker that dies or hangs is killed,
+answered for, and replaced. A worker is `python -s -P -m MODULE ARGS...` (isolated, hash seed 0) reading one JSON
+request per line on stdin and writing one JSON answer per line on stdout.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ class Worker:
     def __init__(self, module: str, args: Sequence[str], cwd: str | None = None):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "JAX", "XLA", "TF_"))}
         env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # safe to fork, one core
-        self.proc = subprocess.Popen([sys.executable, "-I", "-m", module, *args], stdin=subprocess.PIPE,
+        env.update(PYTHONHASHSEED="0")  # every worker hashes (orders sets of strings) alike: a replay elsewhere too
+        # -I but for -E (which would ignore PYTHONHASHSEED): no user site, no script folder on sys.path
+        self.proc = subprocess.Popen([sys.executable, "-s", "-P", "-m", module, *args], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=cwd, text=True,
                                      bufsize=1)
 
