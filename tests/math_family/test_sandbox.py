@@ -415,6 +415,12 @@ def test_a_program_cannot_break_its_record(pool):
             "\"diverged\": 99}')\n    except OSError:\n        pass\nprint('wrote')")
     got = pool.run([junk])
     assert said(got) == ("ok", "wrote\n") and got.clock == () and got.diverged == -1
+    # a record that parses but lacks its fields, sent by a program that ends before the real record is written
+    lacking = "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'{}')\n    except OSError:\n" \
+              "        pass\nos._exit(0)"
+    restarts = pool.workers.restarts
+    got = pool.run([lacking])
+    assert got.status == "ok" and got.clock == () and pool.workers.restarts == restarts
 
 
 def test_programs_run_concurrently_and_answer_in_order(pool):

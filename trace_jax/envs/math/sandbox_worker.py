@@ -56,6 +56,7 @@ CLOCKS = ("time", "time_ns", "monotonic", "monotonic_ns", "perf_counter", "perf_
           "process_time_ns")
 MAX_READINGS = 1024  # clock readings recorded per cell; a cell taking more replays the rest from the real clocks
 RECORD_BYTES = 1 << 16  # the record a program sends back (its readings, its divergence) is read up to this size
+NO_RECORD = {"clock": [], "diverged": -1}  # the record of a program that did not end by itself, or sent junk
 
 
 class Clock:
@@ -98,8 +99,8 @@ def _as_printed(text: str, cap: int) -> str:
     return text.encode("utf-8", "replace")[:cap].decode("utf-8", "replace")
 
 
-def execute(cells: list[str], expected: list[str] | None = None, clocks: list[list[float]] | None = None,
-            output_bytes: int = 1 << 30, record_fd: int = -1) -> int:
+def execute(cells: list[str], expected: list[str] | None, clocks: list[list[float]] | None, output_bytes: int,
+            record_fd: int) -> int:
     """Runs in the locked-down child: the earlier cells with their output kept aside (checked against `expected`,
     their clock readings replayed from `clocks`), then the last; an exit code. The record (the last cell's clock
     readings and the first earlier cell whose output differs from `expected`, or -1) goes to record_fd."""
@@ -135,9 +136,8 @@ def execute(cells: list[str], expected: list[str] | None = None, clocks: list[li
         code = EXIT_RAISED
     sys.stdout.flush()
     sys.stderr.flush()
-    if record_fd >= 0:
-        with contextlib.suppress(OSError):
-            os.write(record_fd, json.dumps({"clock": clock.recorded, "diverged": diverged}).encode())
+    with contextlib.suppress(OSError):
+        os.write(record_fd, json.dumps({"clock": clock.recorded, "diverged": diverged}).encode())
     return code
 
 
@@ -265,17 +265,17 @@ def _record(child: Standby, replayed: int) -> dict:
         if not chunk:
             break
         data += chunk
-    with contextlib.suppress(ValueError, TypeError, UnicodeDecodeError):
+    with contextlib.suppress(ValueError, TypeError, KeyError):  # junk, not a worker's crash
         got = json.loads(data)
         clock = [v for v in got["clock"][:MAX_READINGS] if isinstance(v, (int, float)) and not isinstance(v, bool)]
         diverged = got["diverged"] if type(got["diverged"]) is int and -1 <= got["diverged"] < replayed else -1
         return {"clock": clock, "diverged": diverged}
-    return {"clock": [], "diverged": -1}
+    return NO_RECORD
 
 
-def _answer(status: str, out: bytearray, cap: int, started: float, record: dict | None = None) -> dict:
+def _answer(status: str, out: bytearray, cap: int, started: float, record: dict = NO_RECORD) -> dict:
     return {"status": status, "output": out[:cap].decode("utf-8", "replace"), "seconds": time.monotonic() - started,
-            **(record or {"clock": [], "diverged": -1})}
+            **record}
 
 
 def run(request: dict, child: Standby) -> dict:
